@@ -1,0 +1,160 @@
+package broker
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Envelope header names. Both adapters carry them as plain string headers:
+// AMQP header table entries or RocketMQ user properties.
+const (
+	HeaderVersion    = "delaybridge-v"
+	HeaderTaskID     = "delaybridge-task"
+	HeaderTopic      = "delaybridge-topic"
+	HeaderKey        = "delaybridge-key"
+	HeaderDeliverAt  = "delaybridge-deliver-at"
+	HeaderHop        = "delaybridge-hop"
+	HeaderAttempt    = "delaybridge-attempt"
+	HeaderGeneration = "delaybridge-gen"
+	HeaderTrace      = "delaybridge-trace"
+	// HeaderPrefix starts every envelope header; free headers follow
+	// HeaderFreePrefix so they can never collide with the envelope's own.
+	HeaderPrefix     = "delaybridge-"
+	HeaderFreePrefix = "delaybridge-h-"
+	// EnvelopeVersion is the only envelope version this code writes and reads.
+	EnvelopeVersion = "1"
+)
+
+// Bounds on DeliverAt as carried in an envelope. Anything outside is a
+// malformed envelope, not a due time; the runtime's horizon is much tighter.
+var (
+	minDeliverAt = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxDeliverAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+)
+
+// Encode returns the envelope headers of m. The body of the broker message is
+// m.Payload, untouched. Encode does not validate; call m.Validate first.
+func Encode(m *Message) map[string]string {
+	h := make(map[string]string, 9+len(m.Headers))
+	for k, v := range m.Headers {
+		h[HeaderFreePrefix+k] = v
+	}
+	h[HeaderVersion] = EnvelopeVersion
+	h[HeaderTopic] = m.Topic
+	h[HeaderKey] = m.Key
+	h[HeaderDeliverAt] = strconv.FormatInt(m.DeliverAt.UnixMilli(), 10)
+	h[HeaderHop] = strconv.Itoa(m.Hop)
+	h[HeaderAttempt] = strconv.Itoa(m.Attempt)
+	h[HeaderGeneration] = strconv.FormatInt(m.Generation, 10)
+	if m.TaskID != 0 {
+		h[HeaderTaskID] = strconv.FormatInt(m.TaskID, 10)
+	}
+	if m.Trace != "" {
+		h[HeaderTrace] = m.Trace
+	}
+	return h
+}
+
+// Decode rebuilds a Message from the headers and body of a broker message.
+// Headers outside the envelope (broker or foreign ones) are ignored. It
+// returns ErrNoEnvelope when there is no envelope and an *EnvelopeError when
+// a field is missing or malformed; it never panics on any input.
+func Decode(headers map[string]string, body []byte) (*Message, error) {
+	v, ok := headers[HeaderVersion]
+	if !ok {
+		return nil, ErrNoEnvelope
+	}
+	if v != EnvelopeVersion {
+		return nil, &EnvelopeError{Header: HeaderVersion, Reason: fmt.Sprintf("version %.16q, want %q", v, EnvelopeVersion)}
+	}
+	m := &Message{Payload: body}
+	var err error
+	if m.Topic, err = required(headers, HeaderTopic); err != nil {
+		return nil, err
+	}
+	if e := ValidateTopic(m.Topic); e != nil {
+		return nil, &EnvelopeError{Header: HeaderTopic, Reason: e.Error()}
+	}
+	if m.Key, err = required(headers, HeaderKey); err != nil {
+		return nil, err
+	}
+	if e := ValidateKey(m.Key); e != nil {
+		return nil, &EnvelopeError{Header: HeaderKey, Reason: e.Error()}
+	}
+	ms, err := integer(headers, HeaderDeliverAt, true, minDeliverAt.UnixMilli(), maxDeliverAt.UnixMilli())
+	if err != nil {
+		return nil, err
+	}
+	m.DeliverAt = time.UnixMilli(ms).UTC()
+	hop, err := integer(headers, HeaderHop, true, 0, 1<<31-1)
+	if err != nil {
+		return nil, err
+	}
+	attempt, err := integer(headers, HeaderAttempt, true, 0, 1<<31-1)
+	if err != nil {
+		return nil, err
+	}
+	m.Hop, m.Attempt = int(hop), int(attempt)
+	if m.Generation, err = integer(headers, HeaderGeneration, true, 0, 1<<63-1); err != nil {
+		return nil, err
+	}
+	if m.TaskID, err = integer(headers, HeaderTaskID, false, 1, 1<<63-1); err != nil {
+		return nil, err
+	}
+	if tr, ok := headers[HeaderTrace]; ok {
+		if len(tr) > MaxTraceLen || !utf8.ValidString(tr) {
+			return nil, &EnvelopeError{Header: HeaderTrace, Reason: fmt.Sprintf("longer than %d bytes or not UTF-8", MaxTraceLen)}
+		}
+		m.Trace = tr
+	}
+	size := 0
+	for k, v := range headers {
+		name, ok := strings.CutPrefix(k, HeaderFreePrefix)
+		if !ok {
+			continue
+		}
+		if name == "" || !utf8.ValidString(name) || !utf8.ValidString(v) {
+			return nil, &EnvelopeError{Header: fmt.Sprintf("%.64q", k), Reason: "free header name empty or not UTF-8"}
+		}
+		size += len(name) + len(v)
+		if size > MaxHeaderBytes {
+			return nil, &EnvelopeError{Header: HeaderFreePrefix + "*", Reason: fmt.Sprintf("free headers exceed %d bytes", MaxHeaderBytes)}
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string)
+		}
+		m.Headers[name] = v
+	}
+	return m, nil
+}
+
+func required(h map[string]string, name string) (string, error) {
+	v, ok := h[name]
+	if !ok {
+		return "", &EnvelopeError{Header: name, Reason: "missing"}
+	}
+	return v, nil
+}
+
+// integer parses header name as a base-10 integer within [lo, hi]. When the
+// header is absent it returns 0, or an error if must is set.
+func integer(h map[string]string, name string, must bool, lo, hi int64) (int64, error) {
+	v, ok := h[name]
+	if !ok {
+		if must {
+			return 0, &EnvelopeError{Header: name, Reason: "missing"}
+		}
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, &EnvelopeError{Header: name, Reason: fmt.Sprintf("%.32q is not an integer", v)}
+	}
+	if n < lo || n > hi {
+		return 0, &EnvelopeError{Header: name, Reason: fmt.Sprintf("%d is outside [%d, %d]", n, lo, hi)}
+	}
+	return n, nil
+}

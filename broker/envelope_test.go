@@ -1,0 +1,172 @@
+package broker_test
+
+import (
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+func sampleMessage() *broker.Message {
+	return &broker.Message{
+		TaskID: 42, Topic: "order-cancel", Key: "order-42",
+		Payload:   []byte(`{"order":42}`),
+		DeliverAt: time.Date(2026, 11, 30, 12, 30, 0, 123_000_000, time.UTC),
+		Hop:       2, Attempt: 1, Generation: 3,
+		Trace:   "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		Headers: map[string]string{"tenant": "acme", "delaybridge-v": "looks like ours but is free"},
+	}
+}
+
+func TestEnvelope_RoundTripKeepsEveryField(t *testing.T) {
+	t.Parallel()
+	m := sampleMessage()
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := broker.Decode(broker.Encode(m), m.Payload)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if got.TaskID != m.TaskID || got.Topic != m.Topic || got.Key != m.Key || string(got.Payload) != string(m.Payload) ||
+		!got.DeliverAt.Equal(m.DeliverAt) || got.DeliverAt.Location() != time.UTC || got.Hop != m.Hop ||
+		got.Attempt != m.Attempt || got.Generation != m.Generation || got.Trace != m.Trace || !maps.Equal(got.Headers, m.Headers) {
+		t.Fatalf("round trip changed the message:\n got %+v\nwant %+v", got, m)
+	}
+}
+
+func TestEnvelope_DecodeIgnoresForeignHeaders(t *testing.T) {
+	t.Parallel()
+	h := broker.Encode(sampleMessage())
+	h["x-death"] = "whatever"
+	h["TIMER_OUT_MS"] = "1"
+	got, err := broker.Decode(h, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Headers["x-death"]; ok {
+		t.Fatal("a broker header leaked into the free headers")
+	}
+}
+
+func TestEnvelope_DecodeRejectsMalformed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		edit   func(h map[string]string)
+		header string
+	}{
+		{"wrong version", func(h map[string]string) { h[broker.HeaderVersion] = "2" }, broker.HeaderVersion},
+		{"missing topic", func(h map[string]string) { delete(h, broker.HeaderTopic) }, broker.HeaderTopic},
+		{"bad topic", func(h map[string]string) { h[broker.HeaderTopic] = "orders.cancel" }, broker.HeaderTopic},
+		{"missing key", func(h map[string]string) { delete(h, broker.HeaderKey) }, broker.HeaderKey},
+		{"empty key", func(h map[string]string) { h[broker.HeaderKey] = "" }, broker.HeaderKey},
+		{"key not UTF-8", func(h map[string]string) { h[broker.HeaderKey] = "\xff\xfe" }, broker.HeaderKey},
+		{"due not a number", func(h map[string]string) { h[broker.HeaderDeliverAt] = "tomorrow" }, broker.HeaderDeliverAt},
+		{"due in year 10000", func(h map[string]string) { h[broker.HeaderDeliverAt] = "253402300800000" }, broker.HeaderDeliverAt},
+		{"due before 2000", func(h map[string]string) { h[broker.HeaderDeliverAt] = "-5" }, broker.HeaderDeliverAt},
+		{"negative hop", func(h map[string]string) { h[broker.HeaderHop] = "-1" }, broker.HeaderHop},
+		{"attempt overflow", func(h map[string]string) { h[broker.HeaderAttempt] = "99999999999999999999" }, broker.HeaderAttempt},
+		{"missing generation", func(h map[string]string) { delete(h, broker.HeaderGeneration) }, broker.HeaderGeneration},
+		{"zero task id", func(h map[string]string) { h[broker.HeaderTaskID] = "0" }, broker.HeaderTaskID},
+		{"huge trace", func(h map[string]string) { h[broker.HeaderTrace] = strings.Repeat("t", 600) }, broker.HeaderTrace},
+		{"huge free headers", func(h map[string]string) {
+			for i := range 20 {
+				h[broker.HeaderFreePrefix+strings.Repeat("k", i+1)] = strings.Repeat("v", 1000)
+			}
+		}, broker.HeaderFreePrefix + "*"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := broker.Encode(sampleMessage())
+			tc.edit(h)
+			_, err := broker.Decode(h, nil)
+			var ee *broker.EnvelopeError
+			if !errors.As(err, &ee) || !errors.Is(err, broker.ErrMalformedEnvelope) {
+				t.Fatalf("Decode = %v, want an *EnvelopeError", err)
+			}
+			if ee.Header != tc.header {
+				t.Fatalf("EnvelopeError names header %q, want %q", ee.Header, tc.header)
+			}
+		})
+	}
+}
+
+func TestEnvelope_DecodeWithoutEnvelopeIsErrNoEnvelope(t *testing.T) {
+	t.Parallel()
+	for _, h := range []map[string]string{nil, {}, {"content-type": "application/json"}} {
+		if _, err := broker.Decode(h, []byte("x")); !errors.Is(err, broker.ErrNoEnvelope) {
+			t.Fatalf("Decode(%v) = %v, want ErrNoEnvelope", h, err)
+		}
+	}
+}
+
+func TestMessageValidate_RejectsWhatNoBrokerCarries(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		edit func(m *broker.Message)
+		want error
+	}{
+		"empty topic":          {func(m *broker.Message) { m.Topic = "" }, broker.ErrInvalidTopic},
+		"topic with a dot":     {func(m *broker.Message) { m.Topic = "a.b" }, broker.ErrInvalidTopic},
+		"topic with a space":   {func(m *broker.Message) { m.Topic = "a b" }, broker.ErrInvalidTopic},
+		"topic of 128 chars":   {func(m *broker.Message) { m.Topic = strings.Repeat("a", 128) }, broker.ErrInvalidTopic},
+		"empty key":            {func(m *broker.Message) { m.Key = "" }, broker.ErrInvalidKey},
+		"key of 256 bytes":     {func(m *broker.Message) { m.Key = strings.Repeat("k", 256) }, broker.ErrInvalidKey},
+		"zero due time":        {func(m *broker.Message) { m.DeliverAt = time.Time{} }, broker.ErrInvalidMessage},
+		"negative attempt":     {func(m *broker.Message) { m.Attempt = -1 }, broker.ErrInvalidMessage},
+		"header not UTF-8":     {func(m *broker.Message) { m.Headers["bad"] = "\xff" }, broker.ErrInvalidMessage},
+		"empty header name":    {func(m *broker.Message) { m.Headers[""] = "v" }, broker.ErrInvalidMessage},
+		"headers over limit":   {func(m *broker.Message) { m.Headers["big"] = strings.Repeat("v", broker.MaxHeaderBytes) }, broker.ErrInvalidMessage},
+		"trace over the limit": {func(m *broker.Message) { m.Trace = strings.Repeat("t", broker.MaxTraceLen+1) }, broker.ErrInvalidMessage},
+	} {
+		m := sampleMessage()
+		tc.edit(m)
+		if err := m.Validate(); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Validate() = %v, want %v", name, err, tc.want)
+		}
+	}
+	m := sampleMessage()
+	m.Topic = strings.Repeat("a", 127)
+	m.Key = strings.Repeat("k", 255)
+	if err := m.Validate(); err != nil {
+		t.Errorf("longest topic and key: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	good := broker.Encode(sampleMessage())
+	f.Add(good[broker.HeaderVersion], good[broker.HeaderTopic], good[broker.HeaderKey], good[broker.HeaderDeliverAt], good[broker.HeaderHop], good[broker.HeaderGeneration], "tenant", "acme")
+	f.Add("1", "t", "k", "253402300799000", "0", "0", "", "")
+	f.Add("1", "a.b", "\xff", "x", "-1", "9223372036854775808", "\x00", "\xfe")
+	f.Fuzz(func(t *testing.T, version, topic, key, due, hop, gen, hname, hval string) {
+		h := map[string]string{
+			broker.HeaderVersion: version, broker.HeaderTopic: topic, broker.HeaderKey: key,
+			broker.HeaderDeliverAt: due, broker.HeaderHop: hop, broker.HeaderAttempt: hop,
+			broker.HeaderGeneration: gen, broker.HeaderFreePrefix + hname: hval,
+		}
+		m, err := broker.Decode(h, []byte(hval))
+		if err != nil {
+			if !errors.Is(err, broker.ErrMalformedEnvelope) && !errors.Is(err, broker.ErrNoEnvelope) {
+				t.Fatalf("Decode returned an untyped error: %v", err)
+			}
+			return
+		}
+		// Whatever decodes must be a valid message that encodes back to
+		// the same envelope.
+		if err := m.Validate(); err != nil {
+			t.Fatalf("decoded message is invalid: %v (%+v)", err, m)
+		}
+		again, err := broker.Decode(broker.Encode(m), m.Payload)
+		if err != nil {
+			t.Fatalf("re-decoding what Decode produced failed: %v", err)
+		}
+		if again.Topic != m.Topic || again.Key != m.Key || !again.DeliverAt.Equal(m.DeliverAt) || again.Hop != m.Hop ||
+			again.Generation != m.Generation || !maps.Equal(again.Headers, m.Headers) {
+			t.Fatalf("round trip changed %+v into %+v", m, again)
+		}
+	})
+}

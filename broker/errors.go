@@ -1,0 +1,114 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Sentinel errors callers test with errors.Is.
+var (
+	// ErrInvalidTopic is returned for a topic outside [A-Za-z0-9_-]{1,127}.
+	ErrInvalidTopic = errors.New("invalid topic")
+	// ErrInvalidKey is returned for an empty, over-long or non-UTF-8 key.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrInvalidMessage is returned for any other field no broker can carry.
+	ErrInvalidMessage = errors.New("invalid message")
+	// ErrNoEnvelope means a delivery carries no delaybridge envelope at all:
+	// it was published by a foreign producer.
+	ErrNoEnvelope = errors.New("message has no delaybridge envelope")
+	// ErrMalformedEnvelope means the envelope is present but a field of it
+	// cannot be read; the *EnvelopeError wrapping it names the field.
+	ErrMalformedEnvelope = errors.New("malformed delaybridge envelope")
+	// ErrTooFar means a due time lies beyond the configured horizon.
+	ErrTooFar = errors.New("due time too far in the future")
+	// ErrRejected marks a message the broker refused for good (too large,
+	// delay beyond its limit); publishing it again would fail the same way.
+	ErrRejected = errors.New("rejected by broker")
+	// ErrClosed is returned by a component used after Close.
+	ErrClosed = errors.New("closed")
+)
+
+// EnvelopeError says which envelope header could not be decoded and why.
+// It wraps ErrMalformedEnvelope.
+type EnvelopeError struct {
+	Header string
+	Reason string
+}
+
+func (e *EnvelopeError) Error() string {
+	return fmt.Sprintf("%v: header %s: %s", ErrMalformedEnvelope, e.Header, e.Reason)
+}
+
+// Unwrap lets errors.Is match ErrMalformedEnvelope.
+func (e *EnvelopeError) Unwrap() error { return ErrMalformedEnvelope }
+
+// PublishError reports the messages of one Publish call that the broker did
+// not confirm, by their index in the call. Messages not named were confirmed.
+type PublishError struct {
+	Failed map[int]error
+}
+
+func (e *PublishError) Error() string {
+	idx := make([]int, 0, len(e.Failed))
+	for i := range e.Failed {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d message(s) not confirmed", len(idx))
+	for n, i := range idx {
+		if n == 3 {
+			fmt.Fprintf(&b, "; and %d more", len(idx)-3)
+			break
+		}
+		fmt.Fprintf(&b, "; #%d: %v", i, e.Failed[i])
+	}
+	return b.String()
+}
+
+// PublishResults spreads the error of a Publish call of n messages over the
+// messages: nil for each confirmed one, its cause for each that was not. An
+// error that is not a *PublishError failed every message.
+func PublishResults(err error, n int) []error {
+	res := make([]error, n)
+	if err == nil {
+		return res
+	}
+	var pe *PublishError
+	if errors.As(err, &pe) {
+		for i, e := range pe.Failed {
+			if i >= 0 && i < n {
+				res[i] = e
+			}
+		}
+		return res
+	}
+	for i := range res {
+		res[i] = err
+	}
+	return res
+}
+
+// permanentError marks a handler error that no retry can cure.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps a handler error so the runtime sends the message to dead at
+// once instead of retrying it.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err was wrapped by Permanent or is a broker
+// rejection.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p) || errors.Is(err, ErrRejected)
+}

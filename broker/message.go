@@ -1,0 +1,125 @@
+package broker
+
+import (
+	"fmt"
+	"maps"
+	"time"
+	"unicode/utf8"
+)
+
+// Size limits for what a Message may carry. They are far above what a task
+// needs and well under what either broker accepts, so a message that passes
+// them never fails on size alone.
+const (
+	// MaxTopicLen is the longest topic name.
+	MaxTopicLen = 127
+	// MaxKeyLen is the longest business key, in bytes.
+	MaxKeyLen = 255
+	// MaxTraceLen is the longest trace context, in bytes.
+	MaxTraceLen = 512
+	// MaxHeaderBytes bounds the free headers of one message, names and values together.
+	MaxHeaderBytes = 16 << 10
+)
+
+// Message is one delayed task on its way through a broker. The adapters carry
+// every field except Payload in the envelope (see Encode); Payload is the body.
+type Message struct {
+	// TaskID is the outbox row the message came from, or 0 when it was
+	// published without an outbox.
+	TaskID int64
+	// Topic is the logical destination, [A-Za-z0-9_-]{1,127}.
+	Topic string
+	// Key is the business key, such as an order number. It is never empty.
+	Key string
+	// Payload is the opaque body handed to the handler.
+	Payload []byte
+	// DeliverAt is the earliest time the handler may run, in UTC with
+	// millisecond precision. A retry moves it to the time of the next attempt.
+	DeliverAt time.Time
+	// Hop counts the re-publishes of this attempt on the way to DeliverAt:
+	// 0 for the first publish, one more for each further hop.
+	Hop int
+	// Attempt counts failed handler runs: 0 until the handler first fails.
+	Attempt int
+	// Generation is the task's generation when the message was published;
+	// rescheduling a task bumps it so older messages are skipped.
+	Generation int64
+	// Trace is an opaque trace context (a W3C traceparent, for example).
+	Trace string
+	// Headers are free string headers that travel with the message.
+	Headers map[string]string
+}
+
+// Clone returns a deep copy of m, so a re-publish never shares maps or
+// slices with the delivery it came from.
+func (m *Message) Clone() *Message {
+	c := *m
+	c.Payload = append([]byte(nil), m.Payload...)
+	c.Headers = maps.Clone(m.Headers)
+	return &c
+}
+
+// Validate reports the first field of m that no broker would carry faithfully.
+func (m *Message) Validate() error {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return err
+	}
+	if err := ValidateKey(m.Key); err != nil {
+		return err
+	}
+	if m.DeliverAt.IsZero() {
+		return fmt.Errorf("%w: deliver-at is zero", ErrInvalidMessage)
+	}
+	if m.Hop < 0 || m.Attempt < 0 || m.Generation < 0 {
+		return fmt.Errorf("%w: negative hop, attempt or generation", ErrInvalidMessage)
+	}
+	if len(m.Trace) > MaxTraceLen || !utf8.ValidString(m.Trace) {
+		return fmt.Errorf("%w: trace context longer than %d bytes or not UTF-8", ErrInvalidMessage, MaxTraceLen)
+	}
+	size := 0
+	for k, v := range m.Headers {
+		if k == "" || !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("%w: header %q: names must be non-empty and names and values UTF-8", ErrInvalidMessage, k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > MaxHeaderBytes {
+		return fmt.Errorf("%w: headers take %d bytes, more than %d", ErrInvalidMessage, size, MaxHeaderBytes)
+	}
+	return nil
+}
+
+// ValidateTopic reports whether topic is a name both brokers accept:
+// 1 to 127 characters of [A-Za-z0-9_-].
+func ValidateTopic(topic string) error {
+	if topic == "" || len(topic) > MaxTopicLen {
+		return fmt.Errorf("%w: %q must be 1 to %d characters", ErrInvalidTopic, topic, MaxTopicLen)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q has %q; only [A-Za-z0-9_-] is allowed", ErrInvalidTopic, topic, c)
+		}
+	}
+	return nil
+}
+
+// ValidateKey reports whether key is a usable business key: non-empty,
+// valid UTF-8 and at most MaxKeyLen bytes.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	return nil
+}
+
+// MillisUTC truncates t to the millisecond and returns it in UTC, the form
+// DeliverAt always has once it crossed a broker.
+func MillisUTC(t time.Time) time.Time {
+	return time.UnixMilli(t.UnixMilli()).UTC()
+}
