@@ -1,0 +1,494 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Handler runs one due message. Returning nil acks it; an error retries it
+// later, or sends it to dead when wrapped by Permanent or out of attempts.
+// The context is cancelled at the handler timeout and on a forced shutdown.
+type Handler func(ctx context.Context, m *Message) error
+
+// Backoff shapes the delay before each retry: Initial, multiplied by
+// Multiplier per failed attempt up to Max, each randomised by ±Jitter (a
+// fraction). The zero value means the defaults in ConsumerConfig.
+type Backoff struct {
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     float64
+}
+
+// Hooks are called as messages move through the runtime, for metrics. Any of
+// them may be nil. They run on the worker goroutine and must not block.
+type Hooks struct {
+	// Handled is called after the handler succeeded, with its lateness: the
+	// time it started minus DeliverAt, never negative.
+	Handled func(topic string, lateness time.Duration)
+	// Hopped is called after an early message was published again as hop.
+	Hopped func(topic string, hop int)
+	// Retried is called after a failed message was published again for
+	// attempt (1 for the first retry).
+	Retried func(topic string, attempt int)
+	// Dead is called after a message was handed to the dead letter.
+	Dead func(topic string, reason error)
+}
+
+// ConsumerConfig configures a Consumer. Every zero value means the default
+// stated on the field.
+type ConsumerConfig struct {
+	// Concurrency is how many handlers run at once. Default 8.
+	Concurrency int
+	// HoldWindow is how early a message may arrive and still be waited out in
+	// memory (unacked, so it keeps counting against the subscriber's prefetch)
+	// rather than published again as another hop. Default 5s, and never less
+	// than twice the publisher's precision.
+	HoldWindow time.Duration
+	// MaxAttempts is how many times the handler runs before the message goes
+	// to dead. Default 10.
+	MaxAttempts int
+	// Backoff is the retry delay. Default 1s initial, ×2, at most 1h, ±50%.
+	Backoff Backoff
+	// HandlerTimeout bounds one handler run. Default 1m.
+	HandlerTimeout time.Duration
+	// Horizon is the furthest due time accepted; a message due later goes to
+	// dead with ErrTooFar. Default 10 years and 1 day.
+	Horizon time.Duration
+	// DeadLetter receives what the runtime gives up on. Default: published
+	// to DefaultDeadTopic through the consumer's publisher.
+	DeadLetter DeadLetter
+	// Hooks are metric callbacks.
+	Hooks Hooks
+	// Logger receives the runtime's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Defaults the runtime applies to a zero ConsumerConfig.
+const (
+	DefaultConcurrency    = 8
+	DefaultHoldWindow     = 5 * time.Second
+	DefaultMaxAttempts    = 10
+	DefaultHandlerTimeout = time.Minute
+	DefaultHorizon        = 10*365*24*time.Hour + 24*time.Hour
+)
+
+// pauseBeforeNack keeps a delivery that could not be settled (its re-publish
+// or dead letter failed) from spinning through the broker while it is down.
+const pauseBeforeNack = time.Second
+
+func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.HoldWindow <= 0 {
+		c.HoldWindow = DefaultHoldWindow
+	}
+	if p := 2 * pub.Limits().precision(); c.HoldWindow < p {
+		c.HoldWindow = p
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.Backoff.Initial <= 0 {
+		c.Backoff.Initial = time.Second
+	}
+	if c.Backoff.Max <= 0 {
+		c.Backoff.Max = time.Hour
+	}
+	if c.Backoff.Multiplier < 1 {
+		c.Backoff.Multiplier = 2
+	}
+	if c.Backoff.Jitter <= 0 || c.Backoff.Jitter > 1 {
+		c.Backoff.Jitter = 0.5
+	}
+	if c.HandlerTimeout <= 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.Horizon <= 0 {
+		c.Horizon = DefaultHorizon
+	}
+	if c.DeadLetter == nil {
+		c.DeadLetter = PublishDead(pub, DefaultDeadTopic)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Consumer is the runtime between a Subscriber and a Handler. It never runs
+// a handler before DeliverAt, acks only after the handler returned nil,
+// retries failures with backoff by publishing them again, and dead-letters
+// poison messages without blocking the ones behind them.
+type Consumer struct {
+	sub  Subscriber
+	pub  Publisher
+	h    Handler
+	cfg  ConsumerConfig
+	log  *slog.Logger
+	work chan job
+
+	subCtx    context.Context // cancelled when Close starts: stop taking messages
+	stopSub   context.CancelFunc
+	hardCtx   context.Context // cancelled when Close gives up waiting
+	stopHard  context.CancelFunc
+	stopping  chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	held    map[*time.Timer]job
+}
+
+type job struct {
+	topic string
+	d     *Delivery
+}
+
+// NewConsumer builds a runtime that reads from sub, re-publishes hops and
+// retries through pub and runs h. Start it with Start; stop it with Close.
+func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (*Consumer, error) {
+	if sub == nil || pub == nil || h == nil {
+		return nil, errors.New("broker: NewConsumer needs a subscriber, a publisher and a handler")
+	}
+	if err := pub.Limits().Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults(pub)
+	c := &Consumer{
+		sub: sub, pub: pub, h: h, cfg: cfg, log: cfg.Logger,
+		work:     make(chan job),
+		stopping: make(chan struct{}),
+		held:     make(map[*time.Timer]job),
+	}
+	c.subCtx, c.stopSub = context.WithCancel(context.Background())
+	c.hardCtx, c.stopHard = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// Start subscribes to each topic and starts the workers. It returns once
+// every subscription is in place; messages are then handled in the
+// background until Close.
+func (c *Consumer) Start(ctx context.Context, topics ...string) error {
+	if len(topics) == 0 {
+		return errors.New("broker: Start needs at least one topic")
+	}
+	for _, t := range topics {
+		if err := ValidateTopic(t); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	if c.started {
+		c.mu.Unlock()
+		return errors.New("broker: consumer already started")
+	}
+	c.started = true
+	c.mu.Unlock()
+
+	chans := make([]<-chan *Delivery, len(topics))
+	for i, t := range topics {
+		ch, err := c.sub.Subscribe(c.subCtx, t)
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			c.stopSub()
+			return fmt.Errorf("broker: subscribe %s: %w", t, err)
+		}
+		chans[i] = ch
+	}
+	for i := 0; i < c.cfg.Concurrency; i++ {
+		c.wg.Add(1)
+		go c.worker()
+	}
+	for i, ch := range chans {
+		c.wg.Add(1)
+		go c.dispatch(topics[i], ch)
+	}
+	return nil
+}
+
+// Close stops taking messages, gives back the ones held in memory, and waits
+// for running handlers until ctx is done. Then it cancels the handlers'
+// context and returns ctx's error; their deliveries are given back when they
+// return. Messages not acked are redelivered by the broker.
+func (c *Consumer) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		held := c.held
+		c.held = nil
+		c.mu.Unlock()
+		close(c.stopping)
+		c.stopSub()
+		for t, j := range held {
+			if t.Stop() {
+				c.nack(j)
+				c.wg.Done()
+			}
+		}
+	})
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		c.stopHard()
+		return nil
+	case <-ctx.Done():
+		c.stopHard()
+		return fmt.Errorf("broker: consumer close: handlers still running: %w", ctx.Err())
+	}
+}
+
+// dispatch reads one subscription and hands each delivery to a worker, or
+// holds it first when it arrived a little early.
+func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
+	defer c.wg.Done()
+	for d := range ch {
+		j := job{topic: topic, d: d}
+		if d.Err == nil && d.Message != nil {
+			early := d.Message.DeliverAt.Sub(c.cfg.Now())
+			if early > 0 && early <= c.cfg.HoldWindow && c.hold(j, early) {
+				continue
+			}
+		}
+		c.enqueue(j)
+	}
+}
+
+// hold parks j in memory until it is due. It reports false when the
+// consumer is closing, in which case the caller enqueues (and so gives back) j.
+func (c *Consumer) hold(j job, d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held == nil {
+		return false
+	}
+	c.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		defer c.wg.Done()
+		c.mu.Lock()
+		if c.held != nil {
+			delete(c.held, t)
+		}
+		c.mu.Unlock()
+		c.enqueue(j)
+	})
+	c.held[t] = j
+	return true
+}
+
+func (c *Consumer) enqueue(j job) {
+	select {
+	case <-c.stopping:
+		c.nack(j)
+		return
+	default:
+	}
+	select {
+	case c.work <- j:
+	case <-c.stopping:
+		c.nack(j)
+	}
+}
+
+func (c *Consumer) worker() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.stopping:
+			return
+		case j := <-c.work:
+			c.process(j)
+		}
+	}
+}
+
+// process settles one delivery: dead, hop, wait, or run the handler.
+func (c *Consumer) process(j job) {
+	d := j.d
+	if d.Err != nil || d.Message == nil {
+		reason := d.Err
+		if reason == nil {
+			reason = ErrNoEnvelope
+		}
+		c.dead(j, reason)
+		return
+	}
+	m := d.Message
+	now := c.cfg.Now()
+	remaining := m.DeliverAt.Sub(now)
+	if remaining > c.cfg.Horizon {
+		c.dead(j, fmt.Errorf("%w: due %s is beyond the %v horizon", ErrTooFar, m.DeliverAt.Format(time.RFC3339), c.cfg.Horizon))
+		return
+	}
+	if remaining > c.cfg.HoldWindow {
+		c.hop(j)
+		return
+	}
+	if remaining > 0 {
+		// Arrived early by less than the hold window (the wall clock and the
+		// timer's monotonic clock can differ by a hair): wait it out here.
+		t := time.NewTimer(remaining)
+		select {
+		case <-t.C:
+		case <-c.stopping:
+			t.Stop()
+			c.nack(j)
+			return
+		}
+		now = c.cfg.Now()
+		if now.Before(m.DeliverAt) {
+			time.Sleep(m.DeliverAt.Sub(now))
+			now = c.cfg.Now()
+		}
+	}
+	lateness := now.Sub(m.DeliverAt)
+	err := c.run(m)
+	switch {
+	case err == nil:
+		c.ack(j)
+		if c.cfg.Hooks.Handled != nil {
+			c.cfg.Hooks.Handled(j.topic, max(lateness, 0))
+		}
+	case c.hardCtx.Err() != nil:
+		// Forced shutdown interrupted the handler: give the message back.
+		c.nack(j)
+	case IsPermanent(err):
+		c.dead(j, fmt.Errorf("permanent failure on attempt %d: %w", m.Attempt+1, err))
+	case m.Attempt+1 >= c.cfg.MaxAttempts:
+		c.dead(j, fmt.Errorf("failed %d attempts, last: %w", m.Attempt+1, err))
+	default:
+		c.retry(j, err)
+	}
+}
+
+// run calls the handler with its timeout, turning a panic into an error.
+func (c *Consumer) run(m *Message) (err error) {
+	ctx, cancel := context.WithTimeout(c.hardCtx, c.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("delaybridge: handler panicked", "topic", m.Topic, "key", m.Key, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return c.h(ctx, m.Clone())
+}
+
+// hop publishes an early message again towards its due time and acks the
+// original once the broker confirmed the new one.
+func (c *Consumer) hop(j job) {
+	m := j.d.Message.Clone()
+	m.Hop++
+	if err := c.publish(m); err != nil {
+		c.log.Warn("delaybridge: re-publishing an early message failed; giving it back", "topic", m.Topic, "key", m.Key, "err", err)
+		c.pauseThenNack(j)
+		return
+	}
+	c.ack(j)
+	if c.cfg.Hooks.Hopped != nil {
+		c.cfg.Hooks.Hopped(j.topic, m.Hop)
+	}
+}
+
+// retry publishes a failed message again for its next attempt.
+func (c *Consumer) retry(j job, cause error) {
+	m := j.d.Message.Clone()
+	m.Attempt++
+	m.Hop = 0
+	m.DeliverAt = MillisUTC(c.cfg.Now().Add(c.backoff(m.Attempt)))
+	c.log.Info("delaybridge: handler failed; retrying later", "topic", m.Topic, "key", m.Key, "attempt", m.Attempt, "at", m.DeliverAt, "err", cause)
+	if err := c.publish(m); err != nil {
+		c.log.Warn("delaybridge: publishing a retry failed; giving it back", "topic", m.Topic, "key", m.Key, "err", err)
+		c.pauseThenNack(j)
+		return
+	}
+	c.ack(j)
+	if c.cfg.Hooks.Retried != nil {
+		c.cfg.Hooks.Retried(j.topic, m.Attempt)
+	}
+}
+
+func (c *Consumer) publish(m *Message) error {
+	ctx, cancel := context.WithTimeout(c.hardCtx, 30*time.Second)
+	defer cancel()
+	return c.pub.Publish(ctx, m)
+}
+
+// backoff returns the randomised delay before retry number attempt (1-based).
+func (c *Consumer) backoff(attempt int) time.Duration {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     c.cfg.Backoff.Initial,
+		RandomizationFactor: c.cfg.Backoff.Jitter,
+		Multiplier:          c.cfg.Backoff.Multiplier,
+		MaxInterval:         c.cfg.Backoff.Max,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	d := b.NextBackOff()
+	for i := 1; i < attempt; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+func (c *Consumer) dead(j job, reason error) {
+	ctx, cancel := context.WithTimeout(c.hardCtx, 30*time.Second)
+	defer cancel()
+	topic := j.topic
+	if err := c.cfg.DeadLetter.Dead(ctx, j.d, reason); err != nil {
+		c.log.Error("delaybridge: dead letter failed; giving the message back", "topic", topic, "reason", reason, "err", err)
+		c.pauseThenNack(j)
+		return
+	}
+	c.log.Warn("delaybridge: message sent to dead", "topic", topic, "reason", reason)
+	c.ack(j)
+	if c.cfg.Hooks.Dead != nil {
+		c.cfg.Hooks.Dead(topic, reason)
+	}
+}
+
+func (c *Consumer) ack(j job) {
+	if err := j.d.Acker.Ack(); err != nil {
+		// The broker will redeliver; Handle makes the second run a no-op.
+		c.log.Warn("delaybridge: ack failed; the broker will redeliver", "topic", j.topic, "err", err)
+	}
+}
+
+func (c *Consumer) nack(j job) {
+	if err := j.d.Acker.Nack(); err != nil {
+		c.log.Warn("delaybridge: nack failed; the broker redelivers after the connection closes", "topic", j.topic, "err", err)
+	}
+}
+
+func (c *Consumer) pauseThenNack(j job) {
+	t := time.NewTimer(pauseBeforeNack)
+	select {
+	case <-t.C:
+	case <-c.stopping:
+		t.Stop()
+	}
+	c.nack(j)
+}

@@ -1,0 +1,280 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+)
+
+// bundle is what a consumer test needs.
+type bundle struct {
+	b     *memory.Broker
+	topic string
+	dead  *deadBox
+}
+
+type deadBox struct {
+	mu      sync.Mutex
+	reasons map[string]error
+}
+
+func (d *deadBox) Dead(_ context.Context, dl *broker.Delivery, reason error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := "malformed"
+	if dl.Message != nil {
+		key = dl.Message.Key
+	}
+	d.reasons[key] = reason
+	return nil
+}
+
+func (d *deadBox) get(key string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.reasons[key]
+}
+
+func setup(t *testing.T, cfg memory.Config) *bundle {
+	t.Helper()
+	b := memory.New(cfg)
+	t.Cleanup(func() { _ = b.Close() })
+	return &bundle{b: b, topic: "orders", dead: &deadBox{reasons: map[string]error{}}}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func (bd *bundle) start(t *testing.T, h broker.Handler, cfg broker.ConsumerConfig) *broker.Consumer {
+	t.Helper()
+	if cfg.DeadLetter == nil {
+		cfg.DeadLetter = bd.dead
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	c, err := broker.NewConsumer(bd.b, bd.b, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), bd.topic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}
+
+func (bd *bundle) publish(t *testing.T, key string, due time.Time) {
+	t.Helper()
+	m := &broker.Message{Topic: bd.topic, Key: key, DeliverAt: broker.MillisUTC(due)}
+	if err := bd.b.Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestConsumer_AcksOnlyAfterHandlerReturns(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		close(started)
+		<-release
+		return nil
+	}, broker.ConsumerConfig{})
+	bd.publish(t, "k", time.Now())
+	<-started
+	time.Sleep(50 * time.Millisecond)
+	if s := bd.b.Stats(); s.Acked != 0 {
+		t.Fatalf("acked %d while the handler was still running", s.Acked)
+	}
+	close(release)
+	eventually(t, "the ack", func() bool { return bd.b.Stats().Acked == 1 })
+}
+
+func TestConsumer_PanicIsRetriedAsAnError(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	var mu sync.Mutex
+	var attempts []int
+	retried := 0
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, m.Attempt)
+		if m.Attempt == 0 {
+			panic("nil map")
+		}
+		return nil
+	}, broker.ConsumerConfig{
+		Backoff: broker.Backoff{Initial: 20 * time.Millisecond},
+		Hooks:   broker.Hooks{Retried: func(string, int) { mu.Lock(); retried++; mu.Unlock() }},
+	})
+	bd.publish(t, "k", time.Now())
+	eventually(t, "the retry to succeed", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if attempts[0] != 0 || attempts[1] != 1 || retried != 1 {
+		t.Fatalf("attempts %v, retried hook %d; want [0 1] and 1", attempts, retried)
+	}
+}
+
+func TestConsumer_HandlerTimeoutCountsAsFailure(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}, broker.ConsumerConfig{HandlerTimeout: 50 * time.Millisecond, MaxAttempts: 1})
+	bd.publish(t, "hangs", time.Now())
+	eventually(t, "dead", func() bool { return bd.dead.get("hangs") != nil })
+	if err := bd.dead.get("hangs"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dead reason %v, want the handler's deadline", err)
+	}
+}
+
+func TestConsumer_DueBeyondHorizonGoesDead(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		t.Errorf("handler ran for %s", m.Key)
+		return nil
+	}, broker.ConsumerConfig{})
+	far := &broker.Message{Topic: bd.topic, Key: "year-9999", DeliverAt: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if err := bd.b.PublishRaw(bd.topic, broker.Encode(far), nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "dead", func() bool { return bd.dead.get("year-9999") != nil })
+	if err := bd.dead.get("year-9999"); !errors.Is(err, broker.ErrTooFar) {
+		t.Fatalf("dead reason %v, want ErrTooFar", err)
+	}
+}
+
+func TestConsumer_HeldEarlyMessageDoesNotBlockDueOnes(t *testing.T) {
+	t.Parallel()
+	// The broker lets every hop out 800ms early; one worker only.
+	bd := setup(t, memory.Config{Limits: broker.Limits{Precision: time.Second}, Early: 800 * time.Millisecond})
+	var mu sync.Mutex
+	handled := map[string]time.Time{}
+	var order []string
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled[m.Key] = time.Now()
+		order = append(order, m.Key)
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1})
+	earlyDue := time.Now().Add(time.Second)
+	bd.publish(t, "early", earlyDue)
+	time.Sleep(400 * time.Millisecond) // "early" is now held in memory
+	bd.publish(t, "due-now", time.Now())
+	eventually(t, "both", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if order[0] != "due-now" {
+		t.Fatalf("handled in order %v: the held message blocked the only worker", order)
+	}
+	if handled["early"].Before(broker.MillisUTC(earlyDue)) {
+		t.Fatalf("held message handled %v early", broker.MillisUTC(earlyDue).Sub(handled["early"]))
+	}
+}
+
+func TestConsumer_DefaultDeadLetterPublishesToDeadTopic(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	c, err := broker.NewConsumer(bd.b, bd.b, func(context.Context, *broker.Message) error { return nil }, broker.ConsumerConfig{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), bd.topic); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	if err := bd.b.PublishRaw(bd.topic, map[string]string{"foreign": "header"}, []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ch, err := bd.b.Subscribe(ctx, broker.DefaultDeadTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := <-ch
+	if d == nil || d.Err != nil {
+		t.Fatalf("dead topic delivery: %+v", d)
+	}
+	m := d.Message
+	if string(m.Payload) != "garbage" || m.Headers["dead-orig-foreign"] != "header" || !strings.Contains(m.Headers[broker.DeadHeaderReason], "no delaybridge envelope") {
+		t.Fatalf("dead message lost the original: %+v", m)
+	}
+	_ = d.Acker.Ack()
+}
+
+func TestConsumer_CloseLeavesNoGoroutines(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	b := memory.New(memory.Config{})
+	c, err := broker.NewConsumer(b, b, func(context.Context, *broker.Message) error { return nil }, broker.ConsumerConfig{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	// One held message, so Close has a timer to stop and a delivery to give back.
+	if err := b.Publish(context.Background(), &broker.Message{Topic: "a", Key: "held", DeliverAt: time.Now().Add(3 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := c.Start(context.Background(), "a"); !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("Start after Close = %v, want ErrClosed", err)
+	}
+	_ = b.Close()
+}
+
+func TestNewConsumer_RejectsBadArguments(t *testing.T) {
+	t.Parallel()
+	b := memory.New(memory.Config{})
+	h := func(context.Context, *broker.Message) error { return nil }
+	if _, err := broker.NewConsumer(nil, b, h, broker.ConsumerConfig{}); err == nil {
+		t.Error("nil subscriber accepted")
+	}
+	if _, err := broker.NewConsumer(b, b, nil, broker.ConsumerConfig{}); err == nil {
+		t.Error("nil handler accepted")
+	}
+	bad := memory.New(memory.Config{Limits: broker.Limits{Levels: []time.Duration{time.Second, time.Millisecond}}})
+	if _, err := broker.NewConsumer(bad, bad, h, broker.ConsumerConfig{}); err == nil {
+		t.Error("descending levels accepted")
+	}
+	c, err := broker.NewConsumer(b, b, h, broker.ConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), "bad.topic"); !errors.Is(err, broker.ErrInvalidTopic) {
+		t.Errorf("Start(bad.topic) = %v, want ErrInvalidTopic", err)
+	}
+}
