@@ -1,0 +1,149 @@
+// Package testenv connects tests to the local services that
+// scripts/services.sh starts. Settings come from the environment that
+// `scripts/services.sh env` prints; unset, they default to exactly what that
+// script sets up. When a service cannot be reached the test fails under
+// CI=true, where every service must be up, and is skipped elsewhere, so `go
+// test ./...` on a laptop without services stays green.
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Defaults equal to what scripts/services.sh sets up.
+const (
+	DefaultMySQLDSN = "delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true&multiStatements=true"
+	DefaultAMQPURL  = "amqp://delaybridge:delaybridge@127.0.0.1:5672/"
+	DefaultNamesrv  = "127.0.0.1:9876"
+)
+
+const reachTimeout = 5 * time.Second
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// MySQLDSN returns DELAYBRIDGE_MYSQL_DSN or the default.
+func MySQLDSN() string { return envOr("DELAYBRIDGE_MYSQL_DSN", DefaultMySQLDSN) }
+
+// AMQPURL returns DELAYBRIDGE_AMQP_URL or the default.
+func AMQPURL() string { return envOr("DELAYBRIDGE_AMQP_URL", DefaultAMQPURL) }
+
+// Namesrv returns DELAYBRIDGE_ROCKETMQ_NAMESRV or the default.
+func Namesrv() string { return envOr("DELAYBRIDGE_ROCKETMQ_NAMESRV", DefaultNamesrv) }
+
+// Unreachable fails the test under CI=true and skips it elsewhere, naming
+// the service and where it was looked for.
+func Unreachable(t testing.TB, service, where string, err error) {
+	t.Helper()
+	msg := fmt.Sprintf("%s unreachable at %s: %v (run scripts/services.sh up)", service, where, err)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// MySQL returns a pool on the delaybridge database, closed at cleanup.
+func MySQL(t testing.TB) *sql.DB {
+	t.Helper()
+	dsn := MySQLDSN()
+	where := "DELAYBRIDGE_MYSQL_DSN"
+	if cfg, err := mysql.ParseDSN(dsn); err == nil {
+		where = fmt.Sprintf("%s@%s/%s", cfg.User, cfg.Addr, cfg.DBName)
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		Unreachable(t, "MariaDB", where, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reachTimeout)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		Unreachable(t, "MariaDB", where, err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// AMQP checks RabbitMQ is reachable and returns its URL.
+func AMQP(t testing.TB) string {
+	t.Helper()
+	raw := AMQPURL()
+	where := "DELAYBRIDGE_AMQP_URL"
+	if u, err := url.Parse(raw); err == nil {
+		where = u.Redacted()
+	}
+	conn, err := amqp.DialConfig(raw, amqp.Config{Dial: amqp.DefaultDial(reachTimeout)})
+	if err != nil {
+		Unreachable(t, "RabbitMQ", where, err)
+	}
+	_ = conn.Close()
+	return raw
+}
+
+// RocketMQ checks the RocketMQ name server accepts connections and returns
+// its address.
+func RocketMQ(t testing.TB) string {
+	t.Helper()
+	addr := Namesrv()
+	conn, err := net.DialTimeout("tcp", addr, reachTimeout)
+	if err != nil {
+		Unreachable(t, "RocketMQ name server", addr, err)
+	}
+	_ = conn.Close()
+	return addr
+}
+
+// Rabbitmqctl runs rabbitmqctl (DELAYBRIDGE_RABBITMQCTL, default on PATH)
+// with args and returns its combined output.
+func Rabbitmqctl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(envOr("DELAYBRIDGE_RABBITMQCTL", "rabbitmqctl"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// MQAdmin runs RocketMQ's mqadmin (DELAYBRIDGE_MQADMIN, default
+// scripts/mqadmin.sh found from the module root) with args.
+func MQAdmin(t testing.TB, args ...string) string {
+	t.Helper()
+	bin := os.Getenv("DELAYBRIDGE_MQADMIN")
+	if bin == "" {
+		bin = moduleRoot(t) + "/scripts/mqadmin.sh"
+	}
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mqadmin %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func moduleRoot(t testing.TB) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || len(out) < len("/go.mod\n") {
+		t.Fatalf("cannot find the module root: %v", err)
+	}
+	return string(out[:len(out)-len("/go.mod\n")])
+}
+
+// Name returns prefix plus a suffix unique to this process and moment, made
+// of [A-Za-z0-9_], so it is a legal table, queue and topic name alike.
+func Name(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), time.Now().UnixNano())
+}
