@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# Local services for delaybridge's tests: MariaDB, RabbitMQ and RocketMQ 5.
+#
+#   scripts/services.sh up      install what is missing, start what is stopped, set up users
+#   scripts/services.sh down    stop all three
+#   scripts/services.sh status  print each service up/down
+#   scripts/services.sh env     print the shell-sourceable settings the tests and CLI read
+#
+# Runs as root on Debian 12 without systemd: services are started directly, never
+# through invoke-rc.d. A service already listening on its port is reused.
+# MariaDB and RabbitMQ use Debian's packages and locations (/var/lib/mysql,
+# /var/log/mysql, /var/lib/rabbitmq, /var/log/rabbitmq); RocketMQ's jars, store
+# and logs live under .services/rocketmq in the repository (git-ignored).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SCRIPTS="$ROOT/scripts"
+RMQ_DIR="$ROOT/.services/rocketmq"
+RMQ_LIB="$RMQ_DIR/lib"
+RMQ_LOGS="$RMQ_DIR/logs"
+START_TIMEOUT="${DELAYBRIDGE_START_TIMEOUT:-120}"
+
+MYSQL_DSN='delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true&multiStatements=true'
+AMQP_URL='amqp://delaybridge:delaybridge@127.0.0.1:5672/'
+NAMESRV='127.0.0.1:9876'
+
+MARIADB_LOG=/var/log/mysql/error.log
+RABBIT_STARTUP_LOG=/var/log/rabbitmq/delaybridge-startup.log
+
+log() { printf '%s services: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+# elapsed START -> seconds since START, one decimal.
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+timing() { printf 'timing: %-28s %6ss\n' "$1" "$2" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_for NAME TIMEOUT CHECK... : run CHECK every second until it succeeds.
+wait_for() {
+	local name="$1" timeout="$2" deadline
+	shift 2
+	deadline=$((SECONDS + timeout))
+	until "$@"; do
+		if ((SECONDS >= deadline)); then
+			return 1
+		fi
+		sleep 1
+	done
+}
+
+# fail SERVICE LOGFILE... : print the tail of each log and exit non-zero.
+fail() {
+	local service="$1" f
+	shift
+	for f in "$@"; do
+		if [[ -f "$f" ]]; then
+			echo "----- last 50 lines of $f -----" >&2
+			tail -n 50 "$f" >&2
+		fi
+	done
+	die "$service did not start within ${START_TIMEOUT}s (logs above)"
+}
+
+pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# install_file SRC DST : copy only if different; returns 0 if it changed DST.
+install_file() {
+	if [[ -f "$2" ]] && cmp -s "$1" "$2"; then
+		return 1
+	fi
+	install -m 0644 "$1" "$2"
+	log "installed $2"
+	return 0
+}
+
+# ---------------------------------------------------------------- install
+
+ensure_installed() {
+	local t0 pkgs=()
+	t0=$(now)
+	command -v mariadbd >/dev/null 2>&1 || pkgs+=(mariadb-server)
+	command -v mariadb >/dev/null 2>&1 || pkgs+=(mariadb-client)
+	[[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
+	command -v java >/dev/null 2>&1 || pkgs+=(default-jre-headless)
+	if [[ ! -d "$RMQ_LIB" ]] || [[ -z "$(ls -A "$RMQ_LIB" 2>/dev/null)" ]]; then
+		command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
+	fi
+	if ((${#pkgs[@]})); then
+		[[ $(id -u) -eq 0 ]] || die "need root to apt-get install ${pkgs[*]}"
+		log "apt-get install ${pkgs[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	fi
+	timing "install apt" "$(elapsed "$t0")"
+
+	t0=$(now)
+	if [[ ! -d "$RMQ_LIB" ]] || [[ -z "$(ls -A "$RMQ_LIB" 2>/dev/null)" ]]; then
+		log "fetching RocketMQ jars from Maven Central into $RMQ_LIB"
+		mkdir -p "$RMQ_LIB"
+		mvn -q -B -f "$SCRIPTS/rocketmq/pom.xml" dependency:copy-dependencies \
+			-DoutputDirectory="$RMQ_LIB"
+	fi
+	timing "install rocketmq jars" "$(elapsed "$t0")"
+}
+
+# ---------------------------------------------------------------- MariaDB
+
+mariadb_up() {
+	local t0 changed=0
+	t0=$(now)
+	install_file "$SCRIPTS/mariadb/delaybridge.cnf" /etc/mysql/mariadb.conf.d/99-delaybridge.cnf && changed=1
+	mkdir -p /var/log/mysql /run/mysqld
+	chown mysql:adm /var/log/mysql
+	chown mysql:root /run/mysqld
+	if [[ ! -d /var/lib/mysql/mysql ]]; then
+		log "initialising MariaDB data directory"
+		mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+	fi
+	if port_open 3306 && ((changed)); then
+		log "MariaDB config changed: restarting"
+		mariadb_down
+	fi
+	if port_open 3306; then
+		log "MariaDB already running on 127.0.0.1:3306, reusing"
+	else
+		log "starting MariaDB"
+		# mysqld_safe restarts mariadbd if it crashes; Debian's [mysqld_safe]
+		# section logs to syslog, which is not running here, so log to a file.
+		nohup setsid mysqld_safe --skip-syslog --log-error="$MARIADB_LOG" \
+			</dev/null >/dev/null 2>&1 &
+		wait_for MariaDB "$START_TIMEOUT" port_open 3306 || fail MariaDB "$MARIADB_LOG"
+		wait_for MariaDB 30 mariadb-admin -uroot --silent ping >/dev/null 2>&1 || fail MariaDB "$MARIADB_LOG"
+	fi
+	timing "start mariadb" "$(elapsed "$t0")"
+
+	t0=$(now)
+	# root@localhost authenticates over the unix socket as the OS root user.
+	mariadb -uroot <<-'SQL'
+		CREATE DATABASE IF NOT EXISTS delaybridge CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci;
+		CREATE USER IF NOT EXISTS 'delaybridge'@'127.0.0.1' IDENTIFIED BY 'delaybridge';
+		CREATE USER IF NOT EXISTS 'delaybridge'@'localhost' IDENTIFIED BY 'delaybridge';
+		GRANT ALL PRIVILEGES ON `delaybridge`.* TO 'delaybridge'@'127.0.0.1';
+		GRANT ALL PRIVILEGES ON `delaybridge`.* TO 'delaybridge'@'localhost';
+		GRANT ALL PRIVILEGES ON `delaybridge\_%`.* TO 'delaybridge'@'127.0.0.1';
+		GRANT ALL PRIVILEGES ON `delaybridge\_%`.* TO 'delaybridge'@'localhost';
+		FLUSH PRIVILEGES;
+	SQL
+	mariadb -udelaybridge -pdelaybridge -h127.0.0.1 -P3306 delaybridge -N -e \
+		'SELECT CONCAT("MariaDB ", VERSION(), ", charset ", @@character_set_server, ", time_zone ", @@global.time_zone)' >&2 ||
+		die "MariaDB: user delaybridge cannot log in over TCP"
+	timing "setup mariadb" "$(elapsed "$t0")"
+}
+
+mariadb_down() {
+	if port_open 3306; then
+		log "stopping MariaDB"
+		mariadb-admin -uroot shutdown || true
+		wait_for MariaDB 60 bash -c '! (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null' || die "MariaDB did not stop"
+	fi
+	# mariadbd removes its pid file on a clean stop; mysqld_safe then exits.
+	wait_for MariaDB 30 bash -c '[[ ! -e /run/mysqld/mysqld.pid ]]' || true
+}
+
+# ---------------------------------------------------------------- RabbitMQ
+
+rabbit_log() { echo "/var/log/rabbitmq/rabbit@$(hostname -s).log"; }
+
+rabbit_up() {
+	local t0 changed=0
+	t0=$(now)
+	install_file "$SCRIPTS/rabbitmq/rabbitmq.conf" /etc/rabbitmq/rabbitmq.conf && changed=1
+	install_file "$SCRIPTS/rabbitmq/advanced.config" /etc/rabbitmq/advanced.config && changed=1
+	if port_open 5672 && ((changed)); then
+		log "RabbitMQ config changed: restarting"
+		rabbit_down
+	fi
+	if port_open 5672; then
+		log "RabbitMQ already running on 127.0.0.1:5672, reusing"
+	else
+		log "starting RabbitMQ"
+		mkdir -p /var/log/rabbitmq
+		chown rabbitmq:rabbitmq /var/log/rabbitmq
+		# The Debian wrapper switches to the rabbitmq user; the node runs in the
+		# foreground of this detached session, its output in the startup log.
+		nohup setsid rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1 &
+		wait_for RabbitMQ "$START_TIMEOUT" port_open 5672 || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
+		rabbitmqctl -q await_startup --timeout 60 >/dev/null || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
+	fi
+	timing "start rabbitmq" "$(elapsed "$t0")"
+
+	t0=$(now)
+	rabbitmqctl -q enable_feature_flag quorum_queue >/dev/null
+	rabbitmqctl -q enable_feature_flag stream_queue >/dev/null
+	if ! rabbitmqctl -q list_users | awk '{print $1}' | grep -qx delaybridge; then
+		rabbitmqctl -q add_user delaybridge delaybridge >/dev/null
+	else
+		rabbitmqctl -q change_password delaybridge delaybridge >/dev/null
+	fi
+	rabbitmqctl -q set_user_tags delaybridge administrator >/dev/null
+	rabbitmqctl -q set_permissions -p / delaybridge '.*' '.*' '.*' >/dev/null
+	local prefetch
+	prefetch=$(rabbitmqctl -q eval 'application:get_env(rabbit, dead_letter_worker_consumer_prefetch).')
+	log "RabbitMQ $(rabbitmqctl -q eval 'rabbit_misc:version().' | tr -d '"'), dead_letter_worker_consumer_prefetch $prefetch"
+	timing "setup rabbitmq" "$(elapsed "$t0")"
+}
+
+rabbit_down() {
+	if port_open 5672 || rabbitmqctl -q status >/dev/null 2>&1; then
+		log "stopping RabbitMQ"
+		rabbitmqctl -q shutdown >/dev/null 2>&1 || rabbitmqctl -q stop >/dev/null 2>&1 || true
+		wait_for RabbitMQ 60 bash -c '! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null' || die "RabbitMQ did not stop"
+	fi
+}
+
+# ---------------------------------------------------------------- RocketMQ
+
+rmq_java() {
+	# $1: pid file, $2: logback config, $3: heap options, rest: main class and
+	# arguments. Runs in a background subshell: records its own pid, then
+	# becomes java in a new session (so a Ctrl-C in the caller's terminal does
+	# not reach it). The jars' logback configs write under
+	# ${user.home}/logs/rocketmqlogs, hence user.home; the config is named
+	# because logback would otherwise take the first one on the classpath
+	# (the broker's) for the name server too. TLS is off: in its default
+	# "permissive" mode each server makes a self-signed certificate at start,
+	# which took 20-30 s of blocking on entropy on the test box.
+	local pidfile="$1" logback="$2" heap="$3"
+	shift 3
+	echo "$BASHPID" >"$pidfile"
+	# shellcheck disable=SC2086
+	exec setsid java -server $heap -XX:+UseG1GC -XX:MaxDirectMemorySize=512m \
+		-XX:-OmitStackTraceInFastThrow -Djava.net.preferIPv4Stack=true \
+		--add-opens java.base/java.nio=ALL-UNNAMED \
+		--add-opens java.base/sun.nio.ch=ALL-UNNAMED \
+		--add-opens java.base/java.lang=ALL-UNNAMED \
+		-Duser.home="$RMQ_DIR" -Drocketmq.home.dir="$RMQ_DIR" \
+		-Drmq.logback.configurationFile="$logback" \
+		-Dtls.server.mode=disabled -Djava.security.egd=file:/dev/./urandom \
+		-cp "$RMQ_LIB/*" "$@"
+}
+
+broker_registered() {
+	"$SCRIPTS/mqadmin.sh" clusterList 2>/dev/null | grep -q '127.0.0.1:10911'
+}
+
+rocketmq_up() {
+	local t0 started=0
+	t0=$(now)
+	mkdir -p "$RMQ_LOGS" "$RMQ_DIR/store"
+	export ROCKETMQ_HOME="$RMQ_DIR"
+
+	if port_open 9876; then
+		log "RocketMQ namesrv already running on 127.0.0.1:9876, reusing"
+	else
+		log "starting RocketMQ namesrv"
+		(rmq_java "$RMQ_DIR/namesrv.pid" rmq.namesrv.logback.xml "-Xms256m -Xmx512m" org.apache.rocketmq.namesrv.NamesrvStartup) \
+			</dev/null >"$RMQ_LOGS/namesrv.out" 2>&1 &
+		wait_for namesrv "$START_TIMEOUT" port_open 9876 ||
+			fail "RocketMQ namesrv" "$RMQ_LOGS/namesrv.out" "$RMQ_LOGS/rocketmqlogs/namesrv.log"
+	fi
+	timing "start rocketmq namesrv" "$(elapsed "$t0")"
+
+	t0=$(now)
+	sed "s|@ROCKETMQ_DIR@|$RMQ_DIR|g" "$SCRIPTS/rocketmq/broker.conf" >"$RMQ_DIR/broker.conf.new"
+	if [[ -f "$RMQ_DIR/broker.conf" ]] && ! cmp -s "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf" && port_open 10911; then
+		log "RocketMQ broker config changed: restarting the broker"
+		stop_pid broker "$RMQ_DIR/broker.pid"
+	fi
+	mv "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf"
+	if port_open 10911; then
+		log "RocketMQ broker already running on 127.0.0.1:10911, reusing"
+	else
+		log "starting RocketMQ broker"
+		started=1
+		(rmq_java "$RMQ_DIR/broker.pid" rmq.broker.logback.xml "-Xms512m -Xmx1g" org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/broker.conf") \
+			</dev/null >"$RMQ_LOGS/broker.out" 2>&1 &
+		wait_for broker "$START_TIMEOUT" port_open 10911 ||
+			fail "RocketMQ broker" "$RMQ_LOGS/broker.out" "$RMQ_LOGS/rocketmqlogs/broker.log"
+	fi
+	wait_for broker "$START_TIMEOUT" broker_registered ||
+		fail "RocketMQ broker (not registered in namesrv)" "$RMQ_LOGS/broker.out" "$RMQ_LOGS/rocketmqlogs/broker.log"
+	timing "start rocketmq broker" "$(elapsed "$t0")"
+	((started)) || return 0
+	"$SCRIPTS/mqadmin.sh" getBrokerConfig -b 127.0.0.1:10911 2>/dev/null |
+		grep -E '^(timerWheelEnable|timerMaxDelaySec|timerPrecisionMs|brokerIP1|autoCreateTopicEnable) ' |
+		sed 's/^/  rocketmq: /; s/  */ /g' >&2 || true
+}
+
+# stop_pid NAME PIDFILE : SIGTERM (RocketMQ's shutdown hooks run), then SIGKILL after 30 s.
+stop_pid() {
+	local name="$1" pidfile="$2" pid
+	if pid_alive "$pidfile"; then
+		pid=$(cat "$pidfile")
+		log "stopping RocketMQ $name (pid $pid)"
+		kill "$pid" 2>/dev/null || true
+		if ! wait_for "$name" 30 bash -c "! kill -0 $pid 2>/dev/null"; then
+			log "RocketMQ $name did not stop in 30s, killing"
+			kill -9 "$pid" 2>/dev/null || true
+		fi
+	fi
+	rm -f "$pidfile"
+}
+
+rocketmq_down() {
+	stop_pid broker "$RMQ_DIR/broker.pid"
+	stop_pid namesrv "$RMQ_DIR/namesrv.pid"
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_up() {
+	local t0
+	t0=$(now)
+	ensure_installed
+	mariadb_up
+	rabbit_up
+	rocketmq_up
+	timing "up total" "$(elapsed "$t0")"
+	cmd_status
+}
+
+cmd_down() {
+	rocketmq_down
+	rabbit_down
+	mariadb_down
+	cmd_status
+}
+
+cmd_status() {
+	local name port
+	for entry in "mariadb 3306" "rabbitmq 5672" "rocketmq-namesrv 9876" "rocketmq-broker 10911"; do
+		read -r name port <<<"$entry"
+		if port_open "$port"; then
+			printf '%-17s up   (127.0.0.1:%s)\n' "$name" "$port"
+		else
+			printf '%-17s down\n' "$name"
+		fi
+	done
+}
+
+cmd_env() {
+	cat <<-EOF
+		DELAYBRIDGE_MYSQL_DSN='$MYSQL_DSN'
+		DELAYBRIDGE_AMQP_URL='$AMQP_URL'
+		DELAYBRIDGE_ROCKETMQ_NAMESRV='$NAMESRV'
+		DELAYBRIDGE_RABBITMQCTL=rabbitmqctl
+		DELAYBRIDGE_MQADMIN='$SCRIPTS/mqadmin.sh'
+	EOF
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+env) cmd_env ;;
+*)
+	echo "usage: $0 up|down|status|env" >&2
+	exit 2
+	;;
+esac
