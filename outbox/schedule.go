@@ -1,0 +1,204 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Outbox writes and changes tasks under one Config. The package-level
+// functions use the default Config.
+type Outbox struct {
+	cfg Config
+}
+
+// New returns an Outbox with cfg's limits.
+func New(cfg Config) *Outbox { return &Outbox{cfg: cfg.withDefaults()} }
+
+// Schedule writes t with the default Config. See Outbox.Schedule.
+func Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
+	return New(Config{}).Schedule(ctx, q, t)
+}
+
+// Cancel cancels a task with the default Config. See Outbox.Cancel.
+func Cancel(ctx context.Context, q Querier, topic, key string) error {
+	return New(Config{}).Cancel(ctx, q, topic, key)
+}
+
+// Reschedule moves a task with the default Config. See Outbox.Reschedule.
+func Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
+	return New(Config{}).Reschedule(ctx, q, topic, key, due)
+}
+
+// Get reads a task. It returns ErrNotFound when there is none.
+func Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+	return New(Config{}).Get(ctx, q, topic, key)
+}
+
+// Schedule writes t as a pending task and returns its id. Pass the caller's
+// transaction: the task then exists exactly when the caller's own writes
+// commit. Invalid input returns a typed error (broker.ErrInvalidTopic,
+// broker.ErrInvalidKey, broker.ErrInvalidMessage, broker.ErrTooFar,
+// ErrInvalidDue, ErrPayloadTooLarge) before anything is written.
+//
+// A (topic, key) that already has a task, in any state, returns
+// ErrDuplicate and changes nothing, even when the new task is identical: a
+// second Schedule for the same order is a bug or a retry the caller should
+// see. Use Reschedule to move a task.
+func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
+	if err := o.cfg.validate(&t); err != nil {
+		return 0, err
+	}
+	var headers any
+	if len(t.Headers) > 0 {
+		b, err := json.Marshal(t.Headers)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: encode headers: %w", err)
+		}
+		headers = string(b)
+	}
+	var trace any
+	if t.Trace != "" {
+		trace = t.Trace
+	}
+	payload := t.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	now := o.cfg.Now().UnixMilli()
+	res, err := q.ExecContext(ctx, `INSERT INTO delay_task
+  (topic, task_key, due_ms, payload, headers, trace, state, created_ms, updated_ms)
+VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
+		t.Topic, []byte(t.Key), t.DueAt.UnixMilli(), payload, headers, trace, now, now)
+	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1062 {
+			return 0, fmt.Errorf("%w: %s/%s", ErrDuplicate, t.Topic, t.Key)
+		}
+		return 0, fmt.Errorf("outbox: schedule %s/%s: %w", t.Topic, t.Key, err)
+	}
+	return res.LastInsertId()
+}
+
+// Cancel marks a pending, published or dead task cancelled, so its message,
+// if one is in flight, is skipped by Handle. Cancelling a cancelled task is
+// a no-op; a done task returns ErrFinished (the handler won the race); a
+// missing one returns ErrNotFound.
+//
+// Called in the same transaction as a business update (pay an order), it
+// locks the task row; do it before touching the business row, because Handle
+// locks the task first and the business row second, and the same order
+// everywhere avoids deadlocks.
+func (o *Outbox) Cancel(ctx context.Context, q Querier, topic, key string) error {
+	now := o.cfg.Now().UnixMilli()
+	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'cancelled', updated_ms = ?
+WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, now, topic, []byte(key))
+	if err != nil {
+		return fmt.Errorf("outbox: cancel %s/%s: %w", topic, key, err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	st, err := o.state(ctx, q, topic, key)
+	if err != nil {
+		return err
+	}
+	if st == StateCancelled {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%s is %s", ErrFinished, topic, key, st)
+}
+
+// Reschedule moves a not yet finished task to due. It bumps the generation,
+// so a message already in a broker for the old time is skipped by Handle,
+// and puts the task back to pending for the relay to publish anew. Done and
+// cancelled tasks return ErrFinished; missing ones ErrNotFound.
+func (o *Outbox) Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
+	if err := o.cfg.validateDue(due); err != nil {
+		return err
+	}
+	now := o.cfg.Now().UnixMilli()
+	res, err := q.ExecContext(ctx, `UPDATE delay_task
+SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
+    next_attempt_ms = 0, last_error = NULL, published_ms = NULL, updated_ms = ?
+WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, topic, []byte(key))
+	if err != nil {
+		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	st, err := o.state(ctx, q, topic, key)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %s/%s is %s", ErrFinished, topic, key, st)
+}
+
+func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State, error) {
+	var st string
+	err := q.QueryRowContext(ctx, "SELECT state FROM delay_task WHERE topic = ? AND task_key = ?", topic, []byte(key)).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("%w: %s/%s", ErrNotFound, topic, key)
+	}
+	if err != nil {
+		return "", fmt.Errorf("outbox: read %s/%s: %w", topic, key, err)
+	}
+	return State(st), nil
+}
+
+// selectInfo lists the columns scanInfo reads.
+const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace, state, generation,
+  publish_attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
+
+// Get reads the task (topic, key), or returns ErrNotFound.
+func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
+	info, err := scanInfo(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s/%s", ErrNotFound, topic, key)
+	}
+	return info, err
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanInfo(s scanner) (*Info, error) {
+	var (
+		i                       Info
+		key                     []byte
+		dueMS, createdMS, updMS int64
+		headers, trace, lastErr sql.NullString
+		publishedMS, doneMS     sql.NullInt64
+		state                   string
+	)
+	if err := s.Scan(&i.ID, &i.Task.Topic, &key, &dueMS, &i.Task.Payload, &headers, &trace, &state, &i.Generation,
+		&i.PublishAttempts, &i.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
+		return nil, err
+	}
+	i.Task.Key = string(key)
+	i.Task.DueAt = msTime(dueMS)
+	i.Task.Trace = trace.String
+	if headers.Valid && headers.String != "" {
+		if err := json.Unmarshal([]byte(headers.String), &i.Task.Headers); err != nil {
+			return nil, fmt.Errorf("outbox: task %d: headers: %w", i.ID, err)
+		}
+	}
+	i.State = State(state)
+	i.LastError = lastErr.String
+	i.CreatedAt, i.UpdatedAt = msTime(createdMS), msTime(updMS)
+	if publishedMS.Valid {
+		i.PublishedAt = msTime(publishedMS.Int64)
+	}
+	if doneMS.Valid {
+		i.DoneAt = msTime(doneMS.Int64)
+	}
+	return &i, nil
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

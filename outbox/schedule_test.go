@@ -1,0 +1,224 @@
+package outbox_test
+
+import (
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func TestMigrate_IsIdempotent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	applied, err := outbox.Migrate(b.ctx, b.db)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("second Migrate applied %v, err %v; want nothing", applied, err)
+	}
+	migs, err := outbox.Migrations()
+	if err != nil || len(migs) == 0 {
+		t.Fatalf("Migrations() = %v, %v", migs, err)
+	}
+	var v int
+	if err := b.db.QueryRow("SELECT MAX(version) FROM delaybridge_migration").Scan(&v); err != nil || v != migs[len(migs)-1].Version {
+		t.Fatalf("recorded version %d (%v), want %d", v, err, migs[len(migs)-1].Version)
+	}
+}
+
+func TestSchedule_RollbackLeavesNoTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(b.ctx, "INSERT INTO orders (id, status) VALUES ('o1', 'UNPAID')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Schedule(b.ctx, tx, outbox.Task{Topic: "order-cancel", Key: "o1", DueAt: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, "1=1"); n != 0 {
+		t.Fatalf("%d tasks after rollback, want 0", n)
+	}
+}
+
+func TestSchedule_SameTopicAndKeyIsErrDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	task := outbox.Task{Topic: "order-cancel", Key: "o1", DueAt: time.Now().Add(time.Minute), Payload: []byte("a")}
+	b.schedule(t, task)
+	for _, again := range []outbox.Task{task, {Topic: "order-cancel", Key: "o1", DueAt: time.Now().Add(time.Hour)}} {
+		if _, err := outbox.Schedule(b.ctx, b.db, again); !errors.Is(err, outbox.ErrDuplicate) {
+			t.Fatalf("second Schedule = %v, want ErrDuplicate", err)
+		}
+	}
+	// The same key under another topic is another task.
+	b.schedule(t, outbox.Task{Topic: "order-confirm", Key: "o1", DueAt: time.Now().Add(time.Minute)})
+	if n := b.count(t, "1=1"); n != 2 {
+		t.Fatalf("%d tasks, want 2", n)
+	}
+}
+
+func TestSchedule_RejectsBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := func() outbox.Task {
+		return outbox.Task{Topic: "order-cancel", Key: "o1", DueAt: time.Now().Add(time.Minute)}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*outbox.Task)
+		want error
+	}{
+		{"empty topic", func(t *outbox.Task) { t.Topic = "" }, broker.ErrInvalidTopic},
+		{"topic with a dot", func(t *outbox.Task) { t.Topic = "order.cancel" }, broker.ErrInvalidTopic},
+		{"topic with a quote", func(t *outbox.Task) { t.Topic = "x'; DROP TABLE delay_task; --" }, broker.ErrInvalidTopic},
+		{"topic of 128 characters", func(t *outbox.Task) { t.Topic = strings.Repeat("t", 128) }, broker.ErrInvalidTopic},
+		{"empty key", func(t *outbox.Task) { t.Key = "" }, broker.ErrInvalidKey},
+		{"key of 256 bytes", func(t *outbox.Task) { t.Key = strings.Repeat("k", 256) }, broker.ErrInvalidKey},
+		{"key not UTF-8", func(t *outbox.Task) { t.Key = "\xff" }, broker.ErrInvalidKey},
+		{"payload one byte over", func(t *outbox.Task) { t.Payload = make([]byte, outbox.DefaultMaxPayload+1) }, outbox.ErrPayloadTooLarge},
+		{"zero due time", func(t *outbox.Task) { t.DueAt = time.Time{} }, outbox.ErrInvalidDue},
+		{"due in 1970", func(t *outbox.Task) { t.DueAt = time.Unix(5, 0) }, outbox.ErrInvalidDue},
+		{"due beyond the horizon", func(t *outbox.Task) { t.DueAt = time.Now().AddDate(11, 0, 0) }, broker.ErrTooFar},
+		{"header not UTF-8", func(t *outbox.Task) { t.Headers = map[string]string{"h": "\xfe"} }, broker.ErrInvalidMessage},
+	} {
+		task := ok()
+		tc.edit(&task)
+		if _, err := outbox.Schedule(b.ctx, b.db, task); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Schedule = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if n := b.count(t, "1=1"); n != 0 {
+		t.Fatalf("bad input wrote %d rows", n)
+	}
+	exact := ok()
+	exact.Payload = make([]byte, outbox.DefaultMaxPayload)
+	b.schedule(t, exact)
+	if _, err := outbox.New(outbox.Config{MaxPayload: 10}).Schedule(b.ctx, b.db, outbox.Task{Topic: "t", Key: "k", DueAt: time.Now(), Payload: make([]byte, 11)}); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+		t.Fatalf("configured MaxPayload not applied: %v", err)
+	}
+}
+
+func TestSchedule_MetacharactersRoundTripUnharmed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := `o'1"; DROP TABLE delay_task; -- \ % _ 订单`
+	payload := []byte("'\x00\"\\%_\n\r\x1a")
+	b.schedule(t, outbox.Task{Topic: "A-z_0-9", Key: key, DueAt: time.Now(), Payload: payload, Headers: map[string]string{"q'uote": `"\`}})
+	info, err := outbox.Get(b.ctx, b.db, "A-z_0-9", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Task.Key != key || string(info.Task.Payload) != string(payload) || info.Task.Headers["q'uote"] != `"\` {
+		t.Fatalf("round trip changed the task: %+v", info.Task)
+	}
+	// Keys are compared byte for byte: another case is another task.
+	b.schedule(t, outbox.Task{Topic: "A-z_0-9", Key: strings.ToUpper(key), DueAt: time.Now()})
+}
+
+func TestSchedule_TimesAreUTCWhateverTheSessionZone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := mysql.ParseDSN(b.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"time_zone": "'+08:00'"}
+	shanghai, err := time.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		shanghai = time.FixedZone("CST", 8*3600)
+	}
+	cfg.Loc = shanghai
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var zone string
+	if err := db.QueryRow("SELECT @@session.time_zone").Scan(&zone); err != nil || zone != "+08:00" {
+		t.Fatalf("session zone %q (%v), want +08:00", zone, err)
+	}
+	due := time.Date(2030, 6, 1, 9, 30, 15, 250_000_000, shanghai)
+	if _, err := outbox.Schedule(b.ctx, db, outbox.Task{Topic: "tz", Key: "k", DueAt: due}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := outbox.Get(b.ctx, b.db, "tz", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Task.DueAt.Equal(due) || info.Task.DueAt.Location() != time.UTC {
+		t.Fatalf("due read back as %v, want %v in UTC", info.Task.DueAt, due.UTC())
+	}
+	var ms int64
+	if err := b.db.QueryRow("SELECT due_ms FROM delay_task WHERE topic = 'tz'").Scan(&ms); err != nil || ms != due.UnixMilli() {
+		t.Fatalf("stored due_ms %d, want %d", ms, due.UnixMilli())
+	}
+}
+
+func TestCancel_StatesAndErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "c", Key: "pending", DueAt: time.Now().Add(time.Hour)})
+	if err := outbox.Cancel(b.ctx, b.db, "c", "pending"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Cancel(b.ctx, b.db, "c", "pending"); err != nil {
+		t.Fatalf("cancelling twice = %v, want nil", err)
+	}
+	if err := outbox.Cancel(b.ctx, b.db, "c", "nope"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Cancel(missing) = %v, want ErrNotFound", err)
+	}
+	b.schedule(t, outbox.Task{Topic: "c", Key: "done", DueAt: time.Now()})
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done' WHERE task_key = 'done'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Cancel(b.ctx, b.db, "c", "done"); !errors.Is(err, outbox.ErrFinished) {
+		t.Fatalf("Cancel(done) = %v, want ErrFinished", err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "c", "pending")
+	if info.State != outbox.StateCancelled {
+		t.Fatalf("state %s, want cancelled", info.State)
+	}
+}
+
+func TestReschedule_BumpsGenerationAndReturnsToPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "r", Key: "k", DueAt: time.Now().Add(time.Hour)})
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'published', publish_attempts = 1"); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(2 * time.Hour).Truncate(time.Millisecond)
+	if err := outbox.Reschedule(b.ctx, b.db, "r", "k", due); err != nil {
+		t.Fatal(err)
+	}
+	info, err := outbox.Get(b.ctx, b.db, "r", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State != outbox.StatePending || info.Generation != 1 || !info.Task.DueAt.Equal(due) || info.PublishAttempts != 0 {
+		t.Fatalf("after reschedule: %+v", info)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "r", "missing", due); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Reschedule(missing) = %v", err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "r", "k", time.Time{}); !errors.Is(err, outbox.ErrInvalidDue) {
+		t.Fatalf("Reschedule(zero) = %v", err)
+	}
+	if err := outbox.Cancel(b.ctx, b.db, "r", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "r", "k", due); !errors.Is(err, outbox.ErrFinished) {
+		t.Fatalf("Reschedule(cancelled) = %v, want ErrFinished", err)
+	}
+}

@@ -1,0 +1,154 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// State is where a task is in its life: pending → published → done, or
+// cancelled, or dead.
+type State string
+
+// Task states as stored in delay_task.state.
+const (
+	// StatePending: written, not yet confirmed by a broker.
+	StatePending State = "pending"
+	// StatePublished: a broker confirmed a message for the current generation.
+	StatePublished State = "published"
+	// StateDone: the handler ran and committed through Handle.
+	StateDone State = "done"
+	// StateCancelled: Cancel was called before it was done.
+	StateCancelled State = "cancelled"
+	// StateDead: the broker rejected it for good, or the handler gave up.
+	StateDead State = "dead"
+)
+
+// Sentinel errors callers test with errors.Is.
+var (
+	// ErrDuplicate: a task with this (topic, key) already exists.
+	ErrDuplicate = errors.New("outbox: task already scheduled for this topic and key")
+	// ErrNotFound: no task with this (topic, key).
+	ErrNotFound = errors.New("outbox: no such task")
+	// ErrFinished: the task is done or cancelled and cannot change.
+	ErrFinished = errors.New("outbox: task already finished")
+	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayload.
+	ErrPayloadTooLarge = errors.New("outbox: payload too large")
+	// ErrInvalidDue: the due time is zero.
+	ErrInvalidDue = errors.New("outbox: invalid due time")
+)
+
+// Task is what a producer schedules.
+type Task struct {
+	// Topic is the destination, [A-Za-z0-9_-]{1,127}.
+	Topic string
+	// Key is the business key, unique within the topic, 1 to 255 bytes.
+	Key string
+	// DueAt is when the handler may run; stored to the millisecond in UTC.
+	DueAt time.Time
+	// Payload travels to the handler untouched.
+	Payload []byte
+	// Headers are free string headers carried with the message.
+	Headers map[string]string
+	// Trace is an optional trace context (a W3C traceparent).
+	Trace string
+}
+
+// Info is a task row as Get returns it.
+type Info struct {
+	ID              int64
+	Task            Task
+	State           State
+	Generation      int64
+	PublishAttempts int
+	Rescues         int
+	LastError       string
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	PublishedAt     time.Time // zero until published
+	DoneAt          time.Time // zero until done
+}
+
+// Config bounds what Schedule accepts. Its zero value means the defaults.
+type Config struct {
+	// MaxPayload is the largest payload in bytes. Default 256 KiB, well
+	// under RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB.
+	MaxPayload int
+	// Horizon is the furthest due time accepted from now. Default 10 years.
+	Horizon time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Defaults for Config.
+const (
+	DefaultMaxPayload = 256 << 10
+	DefaultHorizon    = 10 * 365 * 24 * time.Hour
+)
+
+func (c Config) withDefaults() Config {
+	if c.MaxPayload <= 0 {
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.Horizon <= 0 {
+		c.Horizon = DefaultHorizon
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Querier is what the task functions need: a *sql.Tx (the usual case, so
+// the task commits or rolls back with the caller's own writes), a *sql.DB or
+// a *sql.Conn.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// validate checks t against the config before anything is written.
+func (c Config) validate(t *Task) error {
+	if err := broker.ValidateTopic(t.Topic); err != nil {
+		return err
+	}
+	if err := broker.ValidateKey(t.Key); err != nil {
+		return err
+	}
+	if err := c.validateDue(t.DueAt); err != nil {
+		return err
+	}
+	if len(t.Payload) > c.MaxPayload {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(t.Payload), c.MaxPayload)
+	}
+	m := broker.Message{Topic: t.Topic, Key: t.Key, DeliverAt: t.DueAt, Trace: t.Trace, Headers: t.Headers}
+	return m.Validate()
+}
+
+func (c Config) validateDue(due time.Time) error {
+	if due.IsZero() {
+		return fmt.Errorf("%w: zero", ErrInvalidDue)
+	}
+	if lim := c.Now().Add(c.Horizon); due.After(lim) {
+		return fmt.Errorf("%w: %s is more than %v away", broker.ErrTooFar, due.UTC().Format(time.RFC3339), c.Horizon)
+	}
+	if due.Year() < 2000 {
+		return fmt.Errorf("%w: %s is before the year 2000", ErrInvalidDue, due.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence, so
+// the result fits a VARCHAR in strict mode.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "")
+}
