@@ -1,0 +1,276 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// cancelOrder is the order-timeout handler: cancel the order if still unpaid.
+func cancelOrder(id string) func(ctx context.Context, tx *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', cancels = cancels + 1 WHERE id = ? AND status = 'UNPAID'", id)
+		return err
+	}
+}
+
+func (b *bundle) order(t *testing.T, id string, due time.Time) *broker.Message {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(b.ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
+		t.Fatal(err)
+	}
+	taskID, err := outbox.Schedule(b.ctx, tx, outbox.Task{Topic: "order-cancel", Key: id, DueAt: due})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return &broker.Message{TaskID: taskID, Topic: "order-cancel", Key: id, DeliverAt: broker.MillisUTC(due)}
+}
+
+func (b *bundle) orderRow(t *testing.T, id string) (status string, cancels int) {
+	t.Helper()
+	if err := b.db.QueryRow("SELECT status, cancels FROM orders WHERE id = ?", id).Scan(&status, &cancels); err != nil {
+		t.Fatal(err)
+	}
+	return status, cancels
+}
+
+func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now())
+	var wg sync.WaitGroup
+	outcomes := make([]outbox.Outcome, 8)
+	for i := range outcomes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error {
+				// Increment unconditionally: only the ledger keeps this to one.
+				_, err := tx.ExecContext(ctx, "UPDATE orders SET cancels = cancels + 1 WHERE id = 'o1'")
+				return err
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			outcomes[i] = o
+		}()
+	}
+	wg.Wait()
+	handled := 0
+	for _, o := range outcomes {
+		if o == outbox.Handled {
+			handled++
+		} else if o != outbox.SkippedDone {
+			t.Errorf("outcome %v, want handled or skipped: done", o)
+		}
+	}
+	if _, cancels := b.orderRow(t, "o1"); handled != 1 || cancels != 1 {
+		t.Fatalf("%d handled, effect applied %d times; want 1 and 1", handled, cancels)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "o1")
+	if info.State != outbox.StateDone || info.DoneAt.IsZero() {
+		t.Fatalf("task %+v, want done", info)
+	}
+}
+
+func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	never := func(ctx context.Context, tx *sql.Tx) error { t.Error("fn ran"); return nil }
+
+	cancelled := b.order(t, "cancelled", time.Now())
+	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	stale := b.order(t, "stale", time.Now())
+	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "stale", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	missing := &broker.Message{TaskID: 999999, Topic: "order-cancel", Key: "nope", DeliverAt: time.Now()}
+	for _, tc := range []struct {
+		msg  *broker.Message
+		want outbox.Outcome
+	}{{cancelled, outbox.SkippedCancelled}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
+		if got, err := outbox.Handle(b.ctx, b.db, tc.msg, never); err != nil || got != tc.want {
+			t.Errorf("%s: Handle = %v, %v; want %v", tc.msg.Key, got, err, tc.want)
+		}
+	}
+	// The rescheduled task's new generation does run.
+	fresh := *stale
+	fresh.Generation = 1
+	if got, err := outbox.Handle(b.ctx, b.db, &fresh, cancelOrder("stale")); err != nil || got != outbox.Handled {
+		t.Fatalf("new generation: Handle = %v, %v", got, err)
+	}
+}
+
+func TestHandle_FailureCommitsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now())
+	boom := errors.New("payment service down")
+	_, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error {
+		if err := cancelOrder("o1")(ctx, tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Handle = %v, want the handler's error", err)
+	}
+	if status, _ := b.orderRow(t, "o1"); status != "UNPAID" {
+		t.Fatalf("order is %s after a failed handler, want UNPAID", status)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "o1"); info.State != outbox.StatePending {
+		t.Fatalf("task is %s, want still pending", info.State)
+	}
+}
+
+// pay is the order service's payment: cancel the timeout task first (task
+// row, then order row: the lock order Handle uses), then mark the order paid
+// if it still is unpaid. It reports whether the payment went through.
+func pay(ctx context.Context, db *sql.DB, id string) (bool, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if err := outbox.Cancel(ctx, tx, "order-cancel", id); errors.Is(err, outbox.ErrFinished) {
+		return false, nil // the timeout won
+	} else if err != nil {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", id)
+	if err != nil {
+		return false, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return false, nil
+	}
+	return true, tx.Commit()
+}
+
+func TestPayRace_NeverCancelsAPaidOrderNorLeavesAnUnpaidOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const rounds = 200
+	paidWins, cancelWins := 0, 0
+	for i := range rounds {
+		id := fmt.Sprintf("race-%d", i)
+		msg := b.order(t, id, time.Now())
+		var wg sync.WaitGroup
+		var paid bool
+		var payErr, handleErr error
+		wg.Add(2)
+		go func() { defer wg.Done(); paid, payErr = pay(b.ctx, b.db, id) }()
+		go func() {
+			defer wg.Done()
+			_, handleErr = outbox.Handle(b.ctx, b.db, msg, cancelOrder(id))
+		}()
+		wg.Wait()
+		if payErr != nil || handleErr != nil {
+			t.Fatalf("round %d: pay %v, handle %v", i, payErr, handleErr)
+		}
+		status, cancels := b.orderRow(t, id)
+		switch {
+		case paid && status == "PAID" && cancels == 0:
+			paidWins++
+		case !paid && status == "CANCELLED" && cancels == 1:
+			cancelWins++
+		default:
+			t.Fatalf("round %d: paid=%v but order is %s with %d cancels", i, paid, status, cancels)
+		}
+	}
+	t.Logf("payment won %d rounds, timeout won %d", paidWins, cancelWins)
+}
+
+func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{MaxHop: 300 * time.Millisecond}})
+	t.Cleanup(func() { _ = mem.Close() })
+	const n = 50
+	due := time.Now().Add(700 * time.Millisecond)
+	for i := range n {
+		b.order(t, fmt.Sprintf("e2e-%d", i), due)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	relay := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: 5 * time.Millisecond, IdleMax: 20 * time.Millisecond})
+	go func() { _ = relay.Run(ctx) }()
+	c, err := broker.NewConsumer(mem, mem, outbox.Handler(b.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		if time.Now().Before(m.DeliverAt) {
+			t.Errorf("%s handled early", m.Key)
+		}
+		return cancelOrder(m.Key)(ctx, tx)
+	}), broker.ConsumerConfig{Logger: quiet(), HoldWindow: 100 * time.Millisecond, DeadLetter: outbox.DeadLetter(b.db, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx, "order-cancel"); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background()) //nolint:errcheck
+	deadline := time.Now().Add(20 * time.Second)
+	for b.count(t, "state = 'done'") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d tasks done", b.count(t, "state = 'done'"), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var cancelled int
+	if err := b.db.QueryRow("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND cancels = 1").Scan(&cancelled); err != nil || cancelled != n {
+		t.Fatalf("%d orders cancelled once, want %d (%v)", cancelled, n, err)
+	}
+}
+
+func TestDeadLetter_MarksTheTaskDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now())
+	dl := outbox.DeadLetter(b.db, nil)
+	if err := dl.Dead(b.ctx, &broker.Delivery{Message: msg}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "o1")
+	if info.State != outbox.StateDead || info.LastError != "dead: failed 10 attempts" {
+		t.Fatalf("task %+v, want dead with the reason", info)
+	}
+}
+
+func TestCleaner_DeletesOnlyFinishedTasksPastRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := time.Now().Add(-30 * 24 * time.Hour)
+	for i, st := range []string{"done", "cancelled", "pending", "published", "dead"} {
+		b.schedule(t, outbox.Task{Topic: "clean", Key: "old-" + st, DueAt: old})
+		b.schedule(t, outbox.Task{Topic: "clean", Key: "new-" + st, DueAt: time.Now()})
+		if _, err := b.db.Exec("UPDATE delay_task SET state = ? WHERE task_key IN (?, ?)", st, "old-"+st, "new-"+st); err != nil {
+			t.Fatal(err, i)
+		}
+	}
+	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Retention: 7 * 24 * time.Hour, BatchSize: 1, Logger: quiet()}).Once(b.ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("Once = %d, %v; want 2", n, err)
+	}
+	if left := b.count(t, "task_key IN ('old-done', 'old-cancelled')"); left != 0 {
+		t.Fatalf("%d old finished tasks left", left)
+	}
+	if left := b.count(t, "1=1"); left != 8 {
+		t.Fatalf("%d tasks left, want 8", left)
+	}
+}

@@ -1,0 +1,259 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// countingPublisher counts confirmed publishes per key on top of a broker.
+type countingPublisher struct {
+	broker.Publisher
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (p *countingPublisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	err := p.Publisher.Publish(ctx, msgs...)
+	res := broker.PublishResults(err, len(msgs))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, m := range msgs {
+		if res[i] == nil {
+			p.seen[m.Key]++
+		}
+	}
+	return err
+}
+
+func newRelay(t *testing.T, b *bundle, pub broker.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	cfg.Logger = quiet()
+	r, err := outbox.NewRelay(b.db, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestRelay_PublishesPendingRowsAndMarksThemPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	due := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	id := b.schedule(t, outbox.Task{Topic: "relay", Key: "k1", DueAt: due, Payload: []byte("p"), Headers: map[string]string{"h": "v"}, Trace: "tr"})
+	n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Once = %d, %v", n, err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "relay", "k1")
+	if info.State != outbox.StatePublished || info.PublishAttempts != 1 || info.PublishedAt.IsZero() {
+		t.Fatalf("after relay: %+v", info)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	ch, _ := mem.Subscribe(ctx, "relay")
+	d := <-ch
+	m := d.Message
+	if d.Err != nil || m.TaskID != id || m.Key != "k1" || string(m.Payload) != "p" || !m.DeliverAt.Equal(due) || m.Headers["h"] != "v" || m.Trace != "tr" {
+		t.Fatalf("published message %+v (err %v)", m, d.Err)
+	}
+}
+
+func TestRelay_TwoRelaysRacingPublishEachRowOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	pub := &countingPublisher{Publisher: mem, seen: map[string]int{}}
+	const n = 3000
+	tx, _ := b.db.Begin()
+	for i := range n {
+		if _, err := outbox.Schedule(b.ctx, tx, outbox.Task{Topic: "race", Key: fmt.Sprint(i), DueAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		r := newRelay(t, b, pub, outbox.RelayConfig{BatchSize: 100, Workers: 3, IdleMin: time.Millisecond, IdleMax: 5 * time.Millisecond})
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for b.count(t, "state = 'pending'") > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	if got := b.count(t, "state = 'published'"); got != n {
+		t.Fatalf("%d rows published, want %d", got, n)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.seen) != n {
+		t.Fatalf("%d distinct keys published, want %d", len(pub.seen), n)
+	}
+	for k, c := range pub.seen {
+		if c != 1 {
+			t.Fatalf("key %s published %d times", k, c)
+		}
+	}
+}
+
+// cancelAfterPublish cancels the relay's context once the broker confirmed,
+// as a relay killed between publish and commit would be.
+type cancelAfterPublish struct {
+	broker.Publisher
+	cancel context.CancelFunc
+}
+
+func (p *cancelAfterPublish) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	err := p.Publisher.Publish(ctx, msgs...)
+	p.cancel()
+	return err
+}
+
+func TestRelay_CrashBetweenPublishAndCommitLeavesRowsPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	for i := range 5 {
+		b.schedule(t, outbox.Task{Topic: "crash", Key: fmt.Sprint(i), DueAt: time.Now()})
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	if _, err := newRelay(t, b, &cancelAfterPublish{mem, cancel}, outbox.RelayConfig{}).Once(ctx); err == nil {
+		t.Fatal("Once succeeded although its context ended before the commit")
+	}
+	if got := b.count(t, "state = 'pending' AND publish_attempts = 0"); got != 5 {
+		t.Fatalf("%d rows still pending and untouched, want 5", got)
+	}
+	// The next relay publishes them again: duplicates, never losses.
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 5 {
+		t.Fatalf("next relay Once = %d, %v", n, err)
+	}
+	if got := b.count(t, "state = 'published'"); got != 5 {
+		t.Fatalf("%d published, want 5", got)
+	}
+	if s := mem.Stats(); s.Published != 10 {
+		t.Fatalf("broker holds %d messages, want 10 (5 duplicates)", s.Published)
+	}
+}
+
+func TestRelay_PermanentRejectGoesDeadWithoutBlockingTheBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{BeforePublish: func(m *broker.Message) error {
+		if m.Key == "poison" {
+			return fmt.Errorf("%w: message too large", broker.ErrRejected)
+		}
+		return nil
+	}})
+	t.Cleanup(func() { _ = mem.Close() })
+	for _, k := range []string{"a", "poison", "b"} {
+		b.schedule(t, outbox.Task{Topic: "rej", Key: k, DueAt: time.Now()})
+	}
+	if _, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "rej", "poison")
+	if info.State != outbox.StateDead || info.LastError == "" {
+		t.Fatalf("poison row: %+v", info)
+	}
+	if got := b.count(t, "state = 'published'"); got != 2 {
+		t.Fatalf("%d published, want 2", got)
+	}
+}
+
+func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	fail := true
+	mem := memory.New(memory.Config{BeforePublish: func(m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return errors.New("connection reset")
+		}
+		return nil
+	}})
+	t.Cleanup(func() { _ = mem.Close() })
+	b.schedule(t, outbox.Task{Topic: "flaky", Key: "k", DueAt: time.Now()})
+	r := newRelay(t, b, mem, outbox.RelayConfig{RetryInitial: 300 * time.Millisecond})
+	if _, err := r.Once(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "flaky", "k")
+	if info.State != outbox.StatePending || info.PublishAttempts != 1 || info.LastError == "" {
+		t.Fatalf("after a failed publish: %+v", info)
+	}
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	if n, _ := r.Once(b.ctx); n != 0 {
+		t.Fatalf("the row was claimed again %d time(s) before its backoff passed", n)
+	}
+	time.Sleep(350 * time.Millisecond)
+	if n, err := r.Once(b.ctx); n != 1 || err != nil {
+		t.Fatalf("after the backoff Once = %d, %v", n, err)
+	}
+	info, _ = outbox.Get(b.ctx, b.db, "flaky", "k")
+	if info.State != outbox.StatePublished || info.LastError != "" {
+		t.Fatalf("after recovery: %+v", info)
+	}
+}
+
+func TestRelay_HorizonKeepsFarTasksPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	b.schedule(t, outbox.Task{Topic: "hz", Key: "soon", DueAt: time.Now().Add(time.Minute)})
+	b.schedule(t, outbox.Task{Topic: "hz", Key: "next-week", DueAt: time.Now().Add(7 * 24 * time.Hour)})
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Horizon: time.Hour}).Once(b.ctx); n != 1 || err != nil {
+		t.Fatalf("Once = %d, %v; want only the task within the horizon", n, err)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "hz", "next-week"); info.State != outbox.StatePending {
+		t.Fatalf("far task is %s, want pending", info.State)
+	}
+}
+
+func TestRelay_NudgeWakesAnIdleRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	r := newRelay(t, b, mem, outbox.RelayConfig{Workers: 1, IdleMin: time.Hour, IdleMax: time.Hour})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	time.Sleep(100 * time.Millisecond) // the first empty claim puts it to sleep for an hour
+	b.schedule(t, outbox.Task{Topic: "nudge", Key: "k", DueAt: time.Now()})
+	r.Nudge()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.count(t, "state = 'published'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the nudged relay did not publish")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}
