@@ -3,11 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"math/rand/v2"
 	"testing"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -23,25 +19,8 @@ type bundle struct {
 // setup creates a scratch database, migrates it, and drops it at cleanup.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	admin := testenv.MySQL(t)
-	name := fmt.Sprintf("delaybridge_t%d", rand.Uint64()%1_000_000_000_000)
 	ctx := context.Background()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create scratch database: %v", err)
-	}
-	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name) })
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DBName = name
-	dsn := cfg.FormatDSN()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(32)
-	t.Cleanup(func() { _ = db.Close() })
+	db, dsn := testenv.ScratchDB(t)
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -146,4 +147,29 @@ func moduleRoot(t testing.TB) string {
 // of [A-Za-z0-9_], so it is a legal table, queue and topic name alike.
 func Name(prefix string) string {
 	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), time.Now().UnixNano())
+}
+
+// ScratchDB creates an empty database of its own for one test, returns a
+// pool on it and its DSN, and drops it at cleanup.
+func ScratchDB(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	admin := MySQL(t)
+	name := fmt.Sprintf("delaybridge_t%d", rand.Uint64()%1_000_000_000_000)
+	if _, err := admin.ExecContext(context.Background(), "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create scratch database: %v", err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name) })
+	cfg, err := mysql.ParseDSN(MySQLDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	dsn := cfg.FormatDSN()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(32)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, dsn
 }
