@@ -1,0 +1,314 @@
+package scanner
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Config configures a Scanner. Every zero value means the default stated.
+type Config struct {
+	// Grace is how long past its due time a published task may stay not
+	// done before it is rescued. Default 10s plus the publisher's precision.
+	Grace time.Duration
+	// Interval is the pause between passes when the last one found nothing
+	// to rescue. Default 1s.
+	Interval time.Duration
+	// BatchSize is how many rows one claim takes. Default 500.
+	BatchSize int
+	// MaxRate bounds rescues per second, so the backlog after an outage
+	// drains steadily instead of flooding the broker. Default 2000.
+	MaxRate int
+	// PendingAlert flags pending tasks due longer ago than this: the relay
+	// is down or stuck. Default 1 minute.
+	PendingAlert time.Duration
+	// Business is an optional last line of defence for tasks never written.
+	Business *Business
+	// Hooks are metric callbacks; any may be nil.
+	Hooks Hooks
+	// Logger receives the scanner's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Business is a user query for keys whose task should have run but may never
+// have been written (e.g. UNPAID orders whose expire_at passed five minutes
+// ago). Keys go straight to Handle, without a broker.
+type Business struct {
+	// Name identifies the source in logs and in the lock that keeps two
+	// scanners from running it at once. [A-Za-z0-9_-].
+	Name string
+	// Every is the pause between runs. Default 1 minute.
+	Every time.Duration
+	// Query returns up to limit keys to handle.
+	Query func(ctx context.Context, db *sql.DB, limit int) ([]string, error)
+	// Handle acts on one key. It must be idempotent (a conditional UPDATE).
+	Handle func(ctx context.Context, key string) error
+}
+
+// Hooks are called after each pass, for metrics.
+type Hooks struct {
+	// Rescued reports tasks published again.
+	Rescued func(n int)
+	// Backlog reports pending tasks overdue by more than PendingAlert, and
+	// dead tasks.
+	Backlog func(stuckPending, dead int)
+	// BusinessHandled reports keys the business source handled.
+	BusinessHandled func(n int)
+}
+
+// Scanner is the backstop over the outbox: it re-publishes published tasks
+// that are overdue and not done, flags pending and dead backlogs, and runs an
+// optional business query. It reads only the overdue slice of delay_task
+// through the (state, due_ms) index.
+//
+// Several scanners may run at once: each claim takes its rows with FOR
+// UPDATE SKIP LOCKED inside a transaction and stamps them with the time
+// before which they are not rescued again, so two scanners never rescue the
+// same task in the same round; the business source runs under a named
+// database lock. A scanner killed mid-pass rolls back: its rows keep their
+// stamps and counts and are rescued by the next pass, at worst published
+// twice, which Handle makes harmless.
+type Scanner struct {
+	db  *sql.DB
+	pub broker.Publisher
+	cfg Config
+}
+
+// New returns a scanner that re-publishes through pub.
+func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
+	if db == nil || pub == nil {
+		return nil, errors.New("scanner: New needs a database and a publisher")
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10*time.Second + pub.Limits().Precision
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
+	if cfg.MaxRate <= 0 {
+		cfg.MaxRate = 2000
+	}
+	if cfg.PendingAlert <= 0 {
+		cfg.PendingAlert = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if b := cfg.Business; b != nil {
+		if b.Query == nil || b.Handle == nil {
+			return nil, errors.New("scanner: a business source needs Query and Handle")
+		}
+		if err := broker.ValidateTopic(b.Name); err != nil {
+			return nil, fmt.Errorf("scanner: business source name: %w", err)
+		}
+		if b.Every <= 0 {
+			b.Every = time.Minute
+		}
+	}
+	return &Scanner{db: db, pub: pub, cfg: cfg}, nil
+}
+
+// Run scans until ctx is done.
+func (s *Scanner) Run(ctx context.Context) error {
+	var nextBusiness, nextBacklog time.Time
+	for ctx.Err() == nil {
+		start := time.Now()
+		n, err := s.Rescue(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("delaybridge scanner: rescue pass failed", "err", err)
+		}
+		if now := time.Now(); now.After(nextBacklog) {
+			nextBacklog = now.Add(10 * s.cfg.Interval)
+			if _, _, err := s.Backlog(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("delaybridge scanner: backlog check failed", "err", err)
+			}
+		}
+		if b := s.cfg.Business; b != nil && time.Now().After(nextBusiness) {
+			nextBusiness = time.Now().Add(b.Every)
+			if _, err := s.RunBusiness(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("delaybridge scanner: business source failed", "source", b.Name, "err", err)
+			}
+		}
+		// Rate limit: a full batch may not come sooner than BatchSize/MaxRate
+		// after the last; an empty pass waits a whole Interval.
+		wait := s.cfg.Interval
+		if n > 0 {
+			wait = time.Duration(float64(n)/float64(s.cfg.MaxRate)*float64(time.Second)) - time.Since(start)
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}
+	return nil
+}
+
+// Rescue runs one claim: published tasks overdue by more than Grace and not
+// due for another rescue yet, oldest first, at most BatchSize of them. It
+// publishes them again for immediate delivery and counts a rescue on each
+// row, in the claim's transaction, only after the broker confirmed.
+func (s *Scanner) Rescue(ctx context.Context) (int, error) {
+	now := s.cfg.Now()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("scanner: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, rescues
+FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = 'published' AND due_ms < ? AND next_attempt_ms <= ?
+ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli(), now.UnixMilli(), s.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("scanner: claim: %w", err)
+	}
+	type row struct {
+		id      int64
+		rescues int
+	}
+	var claimed []row
+	var msgs []*broker.Message
+	for rows.Next() {
+		var (
+			r              row
+			m              broker.Message
+			key            []byte
+			dueMS          int64
+			headers, trace sql.NullString
+		)
+		if err := rows.Scan(&r.id, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation, &r.rescues); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("scanner: read claim: %w", err)
+		}
+		m.TaskID, m.Key, m.DeliverAt, m.Trace = r.id, string(key), time.UnixMilli(dueMS).UTC(), trace.String
+		if headers.Valid && headers.String != "" {
+			_ = json.Unmarshal([]byte(headers.String), &m.Headers)
+		}
+		claimed = append(claimed, r)
+		msgs = append(msgs, &m)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, fmt.Errorf("scanner: claim: %w", err)
+	}
+	if len(claimed) == 0 {
+		return 0, tx.Commit()
+	}
+	results := broker.PublishResults(s.pub.Publish(ctx, msgs...), len(msgs))
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	stamp := s.cfg.Now().UnixMilli()
+	rescued := 0
+	for i, r := range claimed {
+		if results[i] != nil {
+			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; next pass retries", "id", r.id, "err", results[i])
+			continue
+		}
+		// Back off per rescue, so a task whose consumer is down is not
+		// re-published every pass: Grace, 2×Grace, … up to an hour.
+		next := stamp + min(s.cfg.Grace<<min(r.rescues, 8), time.Hour).Milliseconds()
+		if _, err := tx.ExecContext(ctx, `UPDATE delay_task SET rescues = rescues + 1, next_attempt_ms = ?, published_ms = ?, updated_ms = ?
+WHERE id = ? AND state = 'published'`, next, stamp, stamp, r.id); err != nil {
+			return 0, fmt.Errorf("scanner: count rescue: %w", err)
+		}
+		rescued++
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("scanner: commit: %w", err)
+	}
+	if rescued > 0 {
+		s.cfg.Logger.Info("delaybridge scanner: rescued overdue tasks", "rows", rescued)
+		if s.cfg.Hooks.Rescued != nil {
+			s.cfg.Hooks.Rescued(rescued)
+		}
+	}
+	return len(claimed), nil
+}
+
+// Backlog counts pending tasks overdue by more than PendingAlert (the relay
+// is not keeping up) and dead tasks, logs them when non-zero and reports
+// them to the Backlog hook.
+func (s *Scanner) Backlog(ctx context.Context) (stuckPending, dead int, err error) {
+	cut := s.cfg.Now().Add(-s.cfg.PendingAlert).UnixMilli()
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending' AND due_ms < ?", cut).Scan(&stuckPending); err != nil {
+		return 0, 0, fmt.Errorf("scanner: count stuck pending: %w", err)
+	}
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'dead'").Scan(&dead); err != nil {
+		return 0, 0, fmt.Errorf("scanner: count dead: %w", err)
+	}
+	if stuckPending > 0 {
+		s.cfg.Logger.Warn("delaybridge scanner: pending tasks overdue; is the relay running?", "rows", stuckPending, "overdue_by_more_than", s.cfg.PendingAlert)
+	}
+	if dead > 0 {
+		s.cfg.Logger.Warn("delaybridge scanner: dead tasks need attention (delaybridge dead list)", "rows", dead)
+	}
+	if s.cfg.Hooks.Backlog != nil {
+		s.cfg.Hooks.Backlog(stuckPending, dead)
+	}
+	return stuckPending, dead, nil
+}
+
+// RunBusiness runs the business source once under a named lock and returns
+// how many keys it handled. When another scanner holds the lock it returns
+// 0 at once.
+func (s *Scanner) RunBusiness(ctx context.Context) (int, error) {
+	b := s.cfg.Business
+	if b == nil {
+		return 0, nil
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	lock := "delaybridge_business_" + b.Name
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", lock).Scan(&got); err != nil {
+		return 0, fmt.Errorf("scanner: business lock: %w", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return 0, nil
+	}
+	defer conn.ExecContext(context.Background(), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // released with the connection anyway
+	keys, err := b.Query(ctx, s.db, s.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("scanner: business query %s: %w", b.Name, err)
+	}
+	n := 0
+	var errs []string
+	for _, k := range keys {
+		if err := b.Handle(ctx, k); err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", k, err))
+			continue
+		}
+		n++
+	}
+	if n > 0 {
+		s.cfg.Logger.Warn("delaybridge scanner: business source handled keys no task covered", "source", b.Name, "keys", n)
+		if s.cfg.Hooks.BusinessHandled != nil {
+			s.cfg.Hooks.BusinessHandled(n)
+		}
+	}
+	if len(errs) > 0 {
+		return n, fmt.Errorf("scanner: business source %s: %d key(s) failed: %s", b.Name, len(errs), strings.Join(errs[:min(3, len(errs))], "; "))
+	}
+	return n, nil
+}

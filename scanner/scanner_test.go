@@ -1,0 +1,261 @@
+package scanner_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+type bundle struct {
+	db  *sql.DB
+	mem *memory.Broker
+	ctx context.Context
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	db, _ := testenv.ScratchDB(t)
+	ctx := context.Background()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	return &bundle{db: db, mem: mem, ctx: ctx}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// task writes a task and forces it into state with the given due time.
+func (b *bundle) task(t *testing.T, key string, state outbox.State, due time.Time) {
+	t.Helper()
+	if _, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "scan", Key: key, DueAt: due}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec("UPDATE delay_task SET state = ? WHERE task_key = ?", string(state), key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) scanner(t *testing.T, pub broker.Publisher, cfg scanner.Config) *scanner.Scanner {
+	t.Helper()
+	cfg.Logger = quiet()
+	if cfg.Grace == 0 {
+		cfg.Grace = time.Second
+	}
+	s, err := scanner.New(b.db, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestScanner_RescuesOnlyOverduePublishedTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := time.Now().Add(-time.Minute)
+	b.task(t, "lost", outbox.StatePublished, old)
+	b.task(t, "in-flight", outbox.StatePublished, time.Now().Add(time.Minute))
+	b.task(t, "just-due", outbox.StatePublished, time.Now())
+	b.task(t, "done", outbox.StateDone, old)
+	b.task(t, "cancelled", outbox.StateCancelled, old)
+	b.task(t, "pending", outbox.StatePending, old)
+	b.task(t, "dead", outbox.StateDead, old)
+	s := b.scanner(t, b.mem, scanner.Config{Grace: 5 * time.Second})
+	if n, err := s.Rescue(b.ctx); err != nil || n != 1 {
+		t.Fatalf("Rescue = %d, %v; want only the lost task", n, err)
+	}
+	info, _ := outbox.Get(b.ctx, b.db, "scan", "lost")
+	if info.Rescues != 1 || info.State != outbox.StatePublished {
+		t.Fatalf("lost task after rescue: %+v", info)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	ch, _ := b.mem.Subscribe(ctx, "scan")
+	if d := <-ch; d.Message.Key != "lost" || d.Message.TaskID != info.ID {
+		t.Fatalf("re-published %+v", d.Message)
+	}
+	// Not again on the next pass: the rescue is stamped.
+	if n, err := s.Rescue(b.ctx); err != nil || n != 0 {
+		t.Fatalf("second Rescue = %d, %v; want 0", n, err)
+	}
+}
+
+func TestScanner_TwoScannersRescueEachTaskOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 2000
+	tx, _ := b.db.Begin()
+	for i := range n {
+		if _, err := outbox.Schedule(b.ctx, tx, outbox.Task{Topic: "scan", Key: fmt.Sprint(i), DueAt: time.Now().Add(-time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.Exec("UPDATE delay_task SET state = 'published'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	pub := publishFunc(func(ctx context.Context, msgs ...*broker.Message) error {
+		mu.Lock()
+		for _, m := range msgs {
+			seen[m.Key]++
+		}
+		mu.Unlock()
+		return nil
+	})
+	var wg sync.WaitGroup
+	for range 2 {
+		s := b.scanner(t, pub, scanner.Config{BatchSize: 100})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				got, err := s.Rescue(b.ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if got == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != n {
+		t.Fatalf("%d tasks rescued, want %d", len(seen), n)
+	}
+	for k, c := range seen {
+		if c != 1 {
+			t.Fatalf("task %s rescued %d times", k, c)
+		}
+	}
+	var rescues int
+	if err := b.db.QueryRow("SELECT SUM(rescues) FROM delay_task").Scan(&rescues); err != nil || rescues != n {
+		t.Fatalf("rescue count %d (%v), want %d", rescues, err, n)
+	}
+}
+
+type publishFunc func(ctx context.Context, msgs ...*broker.Message) error
+
+func (f publishFunc) Publish(ctx context.Context, msgs ...*broker.Message) error { return f(ctx, msgs...) }
+func (f publishFunc) Limits() broker.Limits                                      { return broker.Limits{} }
+
+func TestScanner_KilledMidPassLeavesNothingHalfDone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.task(t, "lost", outbox.StatePublished, time.Now().Add(-time.Minute))
+	ctx, cancel := context.WithCancel(b.ctx)
+	killer := publishFunc(func(context.Context, ...*broker.Message) error { cancel(); return nil })
+	if _, err := b.scanner(t, killer, scanner.Config{}).Rescue(ctx); err == nil {
+		t.Fatal("Rescue succeeded although its context ended before the commit")
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "scan", "lost"); info.Rescues != 0 {
+		t.Fatalf("a killed pass counted %d rescues", info.Rescues)
+	}
+	if n, err := b.scanner(t, b.mem, scanner.Config{}).Rescue(b.ctx); n != 1 || err != nil {
+		t.Fatalf("the next pass rescued %d (%v), want 1", n, err)
+	}
+}
+
+func TestScanner_BacklogCountsStuckPendingAndDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.task(t, "stuck", outbox.StatePending, time.Now().Add(-time.Hour))
+	b.task(t, "fresh", outbox.StatePending, time.Now())
+	b.task(t, "future", outbox.StatePending, time.Now().Add(time.Hour))
+	b.task(t, "dead-1", outbox.StateDead, time.Now())
+	b.task(t, "dead-2", outbox.StateDead, time.Now())
+	var hooked [2]int
+	s := b.scanner(t, b.mem, scanner.Config{Hooks: scanner.Hooks{Backlog: func(p, d int) { hooked = [2]int{p, d} }}})
+	p, d, err := s.Backlog(b.ctx)
+	if err != nil || p != 1 || d != 2 || hooked != [2]int{1, 2} {
+		t.Fatalf("Backlog = %d, %d, %v (hook %v); want 1 stuck pending and 2 dead", p, d, err, hooked)
+	}
+}
+
+func TestScanner_BusinessSourceRunsOnOneScannerAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	entered, release := make(chan struct{}, 2), make(chan struct{})
+	var mu sync.Mutex
+	var handled []string
+	src := &scanner.Business{
+		Name: "unpaid-orders",
+		Query: func(ctx context.Context, db *sql.DB, limit int) ([]string, error) {
+			entered <- struct{}{}
+			<-release
+			return []string{"o1", "o2"}, nil
+		},
+		Handle: func(ctx context.Context, key string) error { mu.Lock(); handled = append(handled, key); mu.Unlock(); return nil },
+	}
+	s1 := b.scanner(t, b.mem, scanner.Config{Business: src})
+	s2 := b.scanner(t, b.mem, scanner.Config{Business: src})
+	done := make(chan int)
+	go func() { n, _ := s1.RunBusiness(b.ctx); done <- n }()
+	<-entered
+	if n, err := s2.RunBusiness(b.ctx); n != 0 || err != nil {
+		t.Fatalf("second scanner ran the source while the first held it: %d, %v", n, err)
+	}
+	close(release)
+	if n := <-done; n != 2 {
+		t.Fatalf("first scanner handled %d keys, want 2", n)
+	}
+	if strings.Join(handled, ",") != "o1,o2" {
+		t.Fatalf("handled %v", handled)
+	}
+}
+
+func TestScanner_OverdueQueryIsAnIndexRangeScan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 50 {
+		b.task(t, fmt.Sprint(i), outbox.StateDone, time.Now().Add(-time.Hour))
+	}
+	var (
+		id                                                 int
+		selectType, table, typ, possible, key, keyLen, ref sql.NullString
+		rows                                               sql.NullInt64
+		extra                                              sql.NullString
+	)
+	err := b.db.QueryRow(`EXPLAIN SELECT id FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = 'published' AND due_ms < 1 AND next_attempt_ms <= 1 ORDER BY due_ms LIMIT 500`).
+		Scan(&id, &selectType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ.String != "range" || key.String != "ix_delay_task_state_due" || strings.Contains(extra.String, "filesort") {
+		t.Fatalf("EXPLAIN: type=%s key=%s extra=%s; want a range scan of ix_delay_task_state_due without filesort", typ.String, key.String, extra.String)
+	}
+}
+
+func TestNew_RejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := scanner.New(nil, b.mem, scanner.Config{}); err == nil {
+		t.Error("nil db accepted")
+	}
+	if _, err := scanner.New(b.db, b.mem, scanner.Config{Business: &scanner.Business{Name: "x"}}); err == nil {
+		t.Error("business source without Query/Handle accepted")
+	}
+	bad := &scanner.Business{Name: "bad name", Query: func(context.Context, *sql.DB, int) ([]string, error) { return nil, nil }, Handle: func(context.Context, string) error { return nil }}
+	if _, err := scanner.New(b.db, b.mem, scanner.Config{Business: bad}); err == nil {
+		t.Error("business source name with a space accepted")
+	}
+}
