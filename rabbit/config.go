@@ -1,0 +1,207 @@
+package rabbit
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Mode chooses how the adapter delays messages.
+type Mode int
+
+const (
+	// ModeLadder, the default, delays messages in a binary ladder of quorum
+	// queues, each with one queue-wide TTL, chained by at-least-once
+	// dead-lettering. It needs no plugin and RabbitMQ 3.10 or later.
+	ModeLadder Mode = iota
+	// ModeDelayedExchange publishes to an x-delayed-message exchange with an
+	// x-delay header. It needs the rabbitmq_delayed_message_exchange plugin,
+	// which keeps delayed messages on one node, unreplicated.
+	ModeDelayedExchange
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeLadder:
+		return "ladder"
+	case ModeDelayedExchange:
+		return "delayed-exchange"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Defaults applied to zero Config fields.
+const (
+	// DefaultPrefix starts the name of every exchange and queue.
+	DefaultPrefix = "delaybridge"
+	// DefaultUnit is the ladder's smallest step. It is short so the part of a
+	// delay below one unit, which the consumer runtime waits out in memory
+	// while the delivery counts against the prefetch, stays short too.
+	DefaultUnit = 100 * time.Millisecond
+	// DefaultDepth is the number of ladder levels. With DefaultUnit the top
+	// level's TTL is 2^25 × 100ms ≈ 38.8 days, under MaxLevelTTL, and one hop
+	// covers (2^26 − 1) × 100ms ≈ 77 days 16 hours; longer delays hop.
+	DefaultDepth = 26
+	// DefaultMaxLength is the x-max-length guard on each ladder queue.
+	DefaultMaxLength = 5_000_000
+	// DefaultConfirmWindow is how many publishes may await their confirm.
+	DefaultConfirmWindow = 1000
+	// DefaultPrefetch is the unacked deliveries one subscription may hold.
+	DefaultPrefetch = 256
+	// DefaultConnectionName names the connections in the management UI and
+	// in rabbitmqctl list_connections.
+	DefaultConnectionName = "delaybridge"
+	// DefaultDialTimeout bounds one connection attempt.
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultHeartbeat is the AMQP heartbeat interval.
+	DefaultHeartbeat = 10 * time.Second
+	// DefaultReconnectMax is the longest pause between reconnect attempts.
+	DefaultReconnectMax = 5 * time.Second
+)
+
+// MaxLevelTTL is the longest queue TTL the ladder uses for one level, the
+// largest value RabbitMQ documents for x-message-ttl (2^32 − 1 ms).
+const MaxLevelTTL = math.MaxUint32 * time.Millisecond
+
+// MaxDelayedExchangeHop is the longest x-delay the delayed-message plugin
+// accepts (2^32 − 1 ms); longer delays hop.
+const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
+
+// delayedPrecision is how far from x-delay the plugin may deliver.
+const delayedPrecision = 10 * time.Millisecond
+
+// Config configures a Publisher or a Subscriber. The two must agree on URL's
+// broker, Prefix, Mode, Unit, Depth and MaxLength: those shape the topology
+// both declare. Zero values mean the defaults above.
+type Config struct {
+	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost. Required.
+	URL string
+	// Prefix starts every exchange and queue name. Default DefaultPrefix.
+	Prefix string
+	// Mode chooses the ladder (default) or the delayed-message exchange.
+	Mode Mode
+	// Unit is the ladder's smallest step, a whole number of milliseconds.
+	// A hop's delay is rounded down to whole units, never up, so no message
+	// is late by the rounding; the consumer runtime holds the remainder.
+	// Default DefaultUnit.
+	Unit time.Duration
+	// Depth is the number of ladder levels. Level k holds messages for
+	// Unit × 2^k, so one hop covers at most Unit × (2^Depth − 1); Unit ×
+	// 2^(Depth−1) must not exceed MaxLevelTTL. Default DefaultDepth.
+	Depth int
+	// MaxLength is the x-max-length of each ladder queue; with
+	// x-overflow=reject-publish a publish into a full level is nacked and
+	// Publish reports that message failed. Negative means no guard. Default
+	// DefaultMaxLength. Changing it needs the ladder queues deleted first.
+	MaxLength int
+	// ConfirmWindow bounds the publishes awaiting a confirm. Default
+	// DefaultConfirmWindow.
+	ConfirmWindow int
+	// Prefetch is the consumer prefetch of each subscription. Default
+	// DefaultPrefetch.
+	Prefetch int
+	// ConnectionName is sent as the connection_name client property,
+	// followed by the role (" publisher", " subscriber <topic>"). Default
+	// DefaultConnectionName.
+	ConnectionName string
+	// DialTimeout bounds one connection attempt. Default DefaultDialTimeout.
+	DialTimeout time.Duration
+	// Heartbeat is the AMQP heartbeat. Default DefaultHeartbeat.
+	Heartbeat time.Duration
+	// ReconnectMax is the longest pause between reconnect attempts, which
+	// back off exponentially from 100ms. Default DefaultReconnectMax.
+	ReconnectMax time.Duration
+	// Logger receives the adapter's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.URL == "" {
+		return c, errors.New("rabbit: Config.URL is required")
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if err := validName(c.Prefix); err != nil {
+		return c, fmt.Errorf("rabbit: Config.Prefix: %w", err)
+	}
+	if c.Unit == 0 {
+		c.Unit = DefaultUnit
+	}
+	if c.Depth == 0 {
+		c.Depth = DefaultDepth
+	}
+	if c.MaxLength == 0 {
+		c.MaxLength = DefaultMaxLength
+	}
+	if c.ConfirmWindow <= 0 {
+		c.ConfirmWindow = DefaultConfirmWindow
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = DefaultConnectionName
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch c.Mode {
+	case ModeLadder:
+		if c.Unit < time.Millisecond || c.Unit%time.Millisecond != 0 {
+			return c, fmt.Errorf("rabbit: Config.Unit %v must be a whole number of milliseconds", c.Unit)
+		}
+		if c.Depth < 1 || c.Depth > 62 {
+			return c, fmt.Errorf("rabbit: Config.Depth %d must be between 1 and 62", c.Depth)
+		}
+		if top := c.Unit << (c.Depth - 1); top > MaxLevelTTL || top>>(c.Depth-1) != c.Unit {
+			return c, fmt.Errorf("rabbit: Config.Unit %v with Depth %d makes the top level's TTL exceed %v; lower Depth", c.Unit, c.Depth, MaxLevelTTL)
+		}
+	case ModeDelayedExchange:
+	default:
+		return c, fmt.Errorf("rabbit: unknown Config.Mode %d", int(c.Mode))
+	}
+	return c, nil
+}
+
+// limits returns what one hop may do in the configured mode.
+func (c Config) limits() broker.Limits {
+	if c.Mode == ModeDelayedExchange {
+		return broker.Limits{MaxHop: MaxDelayedExchangeHop, Precision: delayedPrecision}
+	}
+	return broker.Limits{MaxHop: c.Unit * time.Duration(uint64(1)<<c.Depth-1), Precision: c.Unit}
+}
+
+// LadderMaxHop returns the longest delay one hop of a ladder with this unit
+// and depth covers: unit × (2^depth − 1).
+func LadderMaxHop(unit time.Duration, depth int) time.Duration {
+	return unit * time.Duration(uint64(1)<<depth-1)
+}
+
+// validName accepts the characters a prefix may use in exchange and queue
+// names without clashing with the '.' separator the ladder's routing keys use.
+func validName(s string) error {
+	if len(s) > 100 {
+		return fmt.Errorf("%q is longer than 100 characters", s)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("%q has %q; use [A-Za-z0-9_.-]", s, c)
+		}
+	}
+	return nil
+}

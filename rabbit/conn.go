@@ -1,0 +1,66 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrConnectionLost reports a publish whose confirm never came because the
+// connection or channel closed first. The message may or may not have
+// reached the broker; publishing it again is safe.
+var ErrConnectionLost = errors.New("rabbit: connection lost before the broker confirmed")
+
+// ErrNacked reports a publish the broker refused with a negative confirm,
+// most often because a ladder queue reached its x-max-length guard
+// (x-overflow=reject-publish). It is transient: the queue drains.
+var ErrNacked = errors.New("rabbit: broker nacked the publish (queue full or internal error)")
+
+// ErrUnroutable reports a mandatory publish the broker returned because no
+// queue was bound for it.
+var ErrUnroutable = errors.New("rabbit: message unroutable")
+
+// dial opens one connection named after cfg.ConnectionName and role.
+func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(cfg.ConnectionName + " " + role)
+	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
+		Heartbeat:  cfg.Heartbeat,
+		Properties: props,
+		Dial:       amqp.DefaultDial(cfg.DialTimeout),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rabbit: dial: %w", err)
+	}
+	return conn, nil
+}
+
+// newBackoff returns the reconnect schedule: 100ms doubling up to max,
+// randomised, never giving up.
+func newBackoff(max time.Duration) *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     100 * time.Millisecond,
+		RandomizationFactor: 0.3,
+		Multiplier:          2,
+		MaxInterval:         max,
+		MaxElapsedTime:      0,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	return b
+}
+
+// closeQuietly closes conn, ignoring the error of an already dead one.
+func closeQuietly(conn *amqp.Connection) {
+	if conn != nil && !conn.IsClosed() {
+		_ = conn.Close()
+	}
+}

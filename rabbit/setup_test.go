@@ -1,0 +1,121 @@
+package rabbit
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+)
+
+// Small ladders keep the tests short: 250ms × (2^4 − 1) = 3.75s per hop.
+const (
+	testUnit  = 250 * time.Millisecond
+	testDepth = 4
+)
+
+// bundle is what a test against the real broker needs.
+type bundle struct {
+	t   *testing.T
+	cfg Config
+	mu  sync.Mutex
+	top map[string]bool // topics whose queues to delete at cleanup
+}
+
+// setup returns a config with a fresh prefix and deletes everything under
+// that prefix when the test ends.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	url := testenv.AMQP(t)
+	prefix := testenv.Name("dbtest")
+	b := &bundle{t: t, top: map[string]bool{}, cfg: Config{
+		URL: url, Prefix: prefix, Unit: testUnit, Depth: testDepth,
+		ConnectionName: prefix, ReconnectMax: time.Second,
+	}}
+	t.Cleanup(b.deleteTopology)
+	return b
+}
+
+func (b *bundle) topic(topic string) {
+	b.mu.Lock()
+	b.top[topic] = true
+	b.mu.Unlock()
+}
+
+// clients returns a new Publisher and Subscriber on the bundle's prefix,
+// closed at cleanup.
+func (b *bundle) clients(t *testing.T, topic string) (*Publisher, *Subscriber) {
+	t.Helper()
+	b.topic(topic)
+	pub, err := NewPublisher(context.Background(), b.cfg)
+	if err != nil {
+		t.Fatalf("NewPublisher: %v", err)
+	}
+	sub, err := NewSubscriber(b.cfg)
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+	return pub, sub
+}
+
+// channel returns a raw channel for the test's own declarations and checks.
+func (b *bundle) channel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(b.cfg.URL)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("channel: %v", err)
+	}
+	return ch
+}
+
+// deleteTopology removes every queue and exchange of the bundle's prefix.
+func (b *bundle) deleteTopology() {
+	conn, err := amqp.Dial(b.cfg.URL)
+	if err != nil {
+		b.t.Logf("cleanup: dial: %v", err)
+		return
+	}
+	defer conn.Close()
+	cfg, err := b.cfg.withDefaults()
+	if err != nil {
+		return
+	}
+	topo := topology{cfg: cfg}
+	var queues, exchanges []string
+	b.mu.Lock()
+	for tp := range b.top {
+		queues = append(queues, topo.topicQueue(tp))
+	}
+	b.mu.Unlock()
+	queues = append(queues, topo.parkingQueue())
+	exchanges = append(exchanges, topo.deliveryExchange(), topo.parkingExchange(), topo.delayedExchange())
+	for k := 0; k < cfg.Depth; k++ {
+		queues = append(queues, topo.levelQueue(k))
+		exchanges = append(exchanges, topo.levelExchange(k))
+	}
+	for _, q := range queues {
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_, _ = ch.QueueDelete(q, false, false, false)
+		_ = ch.Close()
+	}
+	for _, x := range exchanges {
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_ = ch.ExchangeDelete(x, false, false)
+		_ = ch.Close()
+	}
+}
