@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// envPrefix starts the environment variable of every flag: --mysql-dsn is
+// DELAYBRIDGE_MYSQL_DSN.
+const envPrefix = "DELAYBRIDGE_"
+
+// envName returns the environment variable that sets flag name.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// parseConfigFile reads a config file: one "name = value" per line, name
+// being a flag name without dashes, '#' starting a comment line. Values may
+// be wrapped in double quotes. It rejects unknown syntax with the line
+// number.
+func parseConfigFile(r io.Reader) (map[string]string, error) {
+	out := map[string]string{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("line %d: want name = value", n)
+		}
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if name == "" || strings.ContainsAny(name, " \t\"'") {
+			return nil, fmt.Errorf("line %d: bad name %q", n, name)
+		}
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("line %d: %s set twice", n, name)
+		}
+		out[name] = value
+	}
+	return out, sc.Err()
+}
+
+// applyConfig fills every flag of cmd the command line did not set, first
+// from its DELAYBRIDGE_* environment variable, then from the config file.
+// Command line beats environment beats file beats default.
+func applyConfig(cmd *cobra.Command, file string) error {
+	var fromFile map[string]string
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return fmt.Errorf("config file: %w", err)
+		}
+		defer f.Close()
+		if fromFile, err = parseConfigFile(f); err != nil {
+			return fmt.Errorf("config file %s: %w", file, err)
+		}
+		known := map[string]bool{}
+		cmd.Root().PersistentFlags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
+		visitAll(cmd, func(f *pflag.Flag) { known[f.Name] = true })
+		for name := range fromFile {
+			if !known[name] {
+				return fmt.Errorf("config file %s: unknown setting %q for %s", file, name, cmd.CommandPath())
+			}
+		}
+	}
+	var err error
+	visitAll(cmd, func(f *pflag.Flag) {
+		if err != nil || f.Changed || f.Name == "help" {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s: %w", envName(f.Name), e)
+			}
+			return
+		}
+		if v, ok := fromFile[f.Name]; ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("config file %s: %s: %w", file, f.Name, e)
+			}
+		}
+	})
+	return err
+}
+
+func visitAll(cmd *cobra.Command, fn func(*pflag.Flag)) {
+	seen := map[string]bool{}
+	each := func(f *pflag.Flag) {
+		if !seen[f.Name] {
+			seen[f.Name] = true
+			fn(f)
+		}
+	}
+	cmd.LocalFlags().VisitAll(each)
+	cmd.InheritedFlags().VisitAll(each)
+}
+
+// redactDSN hides the password of a MySQL DSN for logs and errors.
+func redactDSN(dsn string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "(unparseable DSN)"
+	}
+	if cfg.Passwd != "" {
+		cfg.Passwd = "xxxxx"
+	}
+	return cfg.FormatDSN()
+}
+
+// redactURL hides the password of a URL for logs and errors.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func newDeadCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead",
+		Short: "List dead tasks or put them back to pending",
+	}
+	var (
+		limit  int
+		asJSON bool
+	)
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List dead tasks, oldest due first, with their last error",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			dead, err := outbox.ListDead(cmd.Context(), db, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				out := make([]map[string]any, len(dead))
+				for i, d := range dead {
+					out[i] = infoJSON(d)
+				}
+				return json.NewEncoder(a.stdout).Encode(out)
+			}
+			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "TOPIC\tKEY\tDUE\tATTEMPTS\tLAST ERROR")
+			for _, d := range dead {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", d.Task.Topic, d.Task.Key, d.Task.DueAt.Format(time.RFC3339), d.PublishAttempts, d.LastError)
+			}
+			w.Flush()
+			fmt.Fprintf(a.stdout, "%d dead task(s)\n", len(dead))
+			return nil
+		},
+	}
+	list.Flags().IntVar(&limit, "limit", 100, "most tasks to list")
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	replay := &cobra.Command{
+		Use:   "replay TOPIC KEY",
+		Short: "Put a dead task back to pending with its attempts reset",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := outbox.Replay(cmd.Context(), db, args[0], args[1]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", args[0], args[1])
+			return nil
+		},
+	}
+	cmd.AddCommand(list, replay)
+	return cmd
+}

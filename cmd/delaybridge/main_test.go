@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// run executes the delaybridge command tree in-process with args and
+// returns what it printed.
+func run(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	err = root.ExecuteContext(context.Background())
+	return out.String(), errb.String(), err
+}
+
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("delaybridge %v: %v\nstdout: %s\nstderr: %s", args, err, out, errOut)
+	}
+	return out
+}
+
+// scratch returns the DSN of a fresh migrated database.
+func scratch(t *testing.T) string {
+	t.Helper()
+	_, dsn := testenv.ScratchDB(t)
+	mustRun(t, "migrate", "--mysql-dsn", dsn)
+	return dsn
+}
+
+func TestMigrate_AppliesOnceThenReportsUpToDate(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	if out := mustRun(t, "migrate", "--mysql-dsn", dsn); !strings.Contains(out, "applied migrations [1]") {
+		t.Fatalf("first migrate printed %q", out)
+	}
+	if out := mustRun(t, "migrate", "--mysql-dsn", dsn); !strings.Contains(out, "schema up to date") {
+		t.Fatalf("second migrate printed %q", out)
+	}
+}
+
+func TestTaskCommands_ShowCancelReschedule(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "order-cancel", Key: "o-1", DueAt: time.Now().Add(time.Hour), Payload: []byte("xyz")}); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, "task", "show", "order-cancel", "o-1", "--mysql-dsn", dsn)
+	if !strings.Contains(out, "state:       pending") || !strings.Contains(out, "payload:     3 bytes") {
+		t.Fatalf("task show printed:\n%s", out)
+	}
+	out = mustRun(t, "task", "reschedule", "order-cancel", "o-1", "+2h", "--mysql-dsn", dsn)
+	if !strings.Contains(out, "rescheduled order-cancel/o-1 to ") {
+		t.Fatalf("reschedule printed %q", out)
+	}
+	var shown map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "task", "show", "order-cancel", "o-1", "--json", "--mysql-dsn", dsn)), &shown); err != nil {
+		t.Fatal(err)
+	}
+	if shown["generation"].(float64) != 1 {
+		t.Fatalf("generation after reschedule: %v", shown["generation"])
+	}
+	mustRun(t, "task", "cancel", "order-cancel", "o-1", "--mysql-dsn", dsn)
+	if out := mustRun(t, "task", "show", "order-cancel", "o-1", "--mysql-dsn", dsn); !strings.Contains(out, "state:       cancelled") {
+		t.Fatalf("after cancel:\n%s", out)
+	}
+	if _, _, err := run(t, "task", "show", "order-cancel", "missing", "--mysql-dsn", dsn); err == nil || !strings.Contains(err.Error(), "no such task") {
+		t.Fatalf("show missing: %v", err)
+	}
+	if _, _, err := run(t, "task", "reschedule", "order-cancel", "o-1", "tomorrow", "--mysql-dsn", dsn); err == nil || !strings.Contains(err.Error(), "RFC 3339") {
+		t.Fatalf("reschedule with a bad time: %v", err)
+	}
+}
+
+func TestDeadCommands_ListAndReplay(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "t", Key: "k", DueAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec("UPDATE delay_task SET state = 'dead', last_error = 'handler failed 10 times', publish_attempts = 3"); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, "dead", "list", "--mysql-dsn", dsn)
+	if !strings.Contains(out, "handler failed 10 times") || !strings.Contains(out, "1 dead task(s)") {
+		t.Fatalf("dead list printed:\n%s", out)
+	}
+	mustRun(t, "dead", "replay", "t", "k", "--mysql-dsn", dsn)
+	info, err := outbox.Get(context.Background(), pool, "t", "k")
+	if err != nil || info.State != outbox.StatePending || info.PublishAttempts != 0 || info.Generation != 1 {
+		t.Fatalf("after replay: %+v, %v", info, err)
+	}
+	if _, _, err := run(t, "dead", "replay", "t", "k", "--mysql-dsn", dsn); err == nil || !strings.Contains(err.Error(), "not dead") {
+		t.Fatalf("replaying a pending task: %v", err)
+	}
+}
+
+func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	ctx := context.Background()
+	for i, st := range []string{"pending", "published", "dead", "done"} {
+		key := st
+		if _, err := outbox.Schedule(ctx, pool, outbox.Task{Topic: "orders", Key: key, DueAt: time.Now().Add(-time.Minute)}); err != nil {
+			t.Fatal(err, i)
+		}
+		if _, err := pool.Exec("UPDATE delay_task SET state = ?, done_ms = due_ms + 40 WHERE task_key = ?", st, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st outbox.Stats
+	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Backlog["pending"]["orders"] != 1 || st.Backlog["published"]["orders"] != 1 || st.Dead != 1 || st.Done != 1 || st.Overdue != 1 {
+		t.Fatalf("status: %+v", st)
+	}
+	if st.Lateness.Count != 1 || st.Lateness.Max != 40 {
+		t.Fatalf("lateness %+v, want one sample of 40ms", st.Lateness)
+	}
+	if out := mustRun(t, "status", "--mysql-dsn", dsn); !strings.Contains(out, "dead: 1") {
+		t.Fatalf("status table:\n%s", out)
+	}
+}
+
+// settingsAfter runs a probe subcommand with args and returns the settings
+// the root command resolved for it.
+func settingsAfter(t *testing.T, args []string) app {
+	t.Helper()
+	a := &app{}
+	root := buildRoot(a)
+	root.AddCommand(&cobra.Command{Use: "probe", RunE: func(*cobra.Command, []string) error { return nil }})
+	root.SetArgs(append([]string{"probe"}, args...))
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.Execute(); err != nil {
+		t.Fatalf("probe %v: %v", args, err)
+	}
+	return *a
+}
+
+func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "delaybridge.conf")
+	if err := os.WriteFile(file, []byte("# comment\nlog-level = \"error\"\nmysql-dsn = file:file@tcp(127.0.0.1:1)/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DELAYBRIDGE_CONFIG", file)
+	if got := settingsAfter(t, nil); got.mysqlDSN != "file:file@tcp(127.0.0.1:1)/x" || got.logLevel != "error" {
+		t.Fatalf("file: dsn %q level %q", got.mysqlDSN, got.logLevel)
+	}
+	t.Setenv("DELAYBRIDGE_MYSQL_DSN", "env:env@tcp(127.0.0.1:2)/x")
+	if got := settingsAfter(t, nil); got.mysqlDSN != "env:env@tcp(127.0.0.1:2)/x" || got.logLevel != "error" {
+		t.Fatalf("env over file: dsn %q level %q", got.mysqlDSN, got.logLevel)
+	}
+	if got := settingsAfter(t, []string{"--mysql-dsn", "flag:flag@tcp(127.0.0.1:3)/x"}); got.mysqlDSN != "flag:flag@tcp(127.0.0.1:3)/x" {
+		t.Fatalf("flag over env: dsn %q", got.mysqlDSN)
+	}
+	if err := os.WriteFile(file, []byte("mysql_dns = oops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(t, "status"); err == nil || !strings.Contains(err.Error(), `unknown setting "mysql_dns"`) {
+		t.Fatalf("unknown setting in the file: %v", err)
+	}
+}
+
+func TestSecrets_NeverPrintedWhenTheDatabaseRefuses(t *testing.T) {
+	testenv.MySQL(t)
+	const password = "S3cret-Pa55word"
+	for _, args := range [][]string{{"status"}, {"migrate"}, {"task", "show", "t", "k"}, {"dead", "list"}} {
+		out, errOut, err := run(t, append(args, "--mysql-dsn", "delaybridge:"+password+"@tcp(127.0.0.1:3306)/delaybridge")...)
+		if err == nil {
+			t.Fatalf("%v with a wrong password succeeded", args)
+		}
+		for _, s := range []string{out, errOut, err.Error()} {
+			if strings.Contains(s, password) {
+				t.Fatalf("%v printed the password: %q", args, s)
+			}
+		}
+		if !strings.Contains(err.Error(), "xxxxx") {
+			t.Fatalf("%v error does not show the redacted DSN: %v", args, err)
+		}
+	}
+}
+
+func openDSN(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func newMigrateCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the delay_task outbox table (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			applied, err := outbox.Migrate(cmd.Context(), db)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintln(a.stdout, "schema up to date")
+				return nil
+			}
+			fmt.Fprintf(a.stdout, "applied migrations %v\n", applied)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func newStatusCmd(a *app) *cobra.Command {
+	var (
+		asJSON bool
+		grace  time.Duration
+		window time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the outbox backlog, overdue and dead tasks, and recent lateness",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			now := time.Now()
+			st, err := outbox.ReadStats(cmd.Context(), db, now, grace, window)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "STATE\tTOPIC\tTASKS")
+			for _, state := range []outbox.State{outbox.StatePending, outbox.StatePublished, outbox.StateDead} {
+				topics := make([]string, 0, len(st.Backlog[state]))
+				for t := range st.Backlog[state] {
+					topics = append(topics, t)
+				}
+				sort.Strings(topics)
+				for _, t := range topics {
+					fmt.Fprintf(w, "%s\t%s\t%d\n", state, t, st.Backlog[state][t])
+				}
+			}
+			fmt.Fprintf(w, "done\t*\t%d\ncancelled\t*\t%d\n", st.Done, st.Cancelled)
+			w.Flush()
+			oldest := "none"
+			if !st.OldestPendingDue.IsZero() {
+				oldest = fmt.Sprintf("%s (%s ago)", st.OldestPendingDue.Format(time.RFC3339), now.Sub(st.OldestPendingDue).Round(time.Second))
+			}
+			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (published, > %v past due): %d\ndead: %d\n", oldest, grace, st.Overdue, st.Dead)
+			l := st.Lateness
+			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
+	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
+	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary")
+	return cmd
+}

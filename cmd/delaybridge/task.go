@@ -1,0 +1,113 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+func newTaskCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "task",
+		Short: "Show, cancel or reschedule one task",
+	}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:   "show TOPIC KEY",
+		Short: "Show a task's state, due time, attempts and last error",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			info, err := outbox.Get(cmd.Context(), db, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			printInfo(a, info, asJSON)
+			return nil
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cancel := &cobra.Command{
+		Use:   "cancel TOPIC KEY",
+		Short: "Cancel a task that is not done yet",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := outbox.Cancel(cmd.Context(), db, args[0], args[1]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", args[0], args[1])
+			return nil
+		},
+	}
+	reschedule := &cobra.Command{
+		Use:   "reschedule TOPIC KEY WHEN",
+		Short: "Move a task to WHEN: an RFC 3339 time or +duration from now",
+		Args:  cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			due, err := parseWhen(args[2], time.Now())
+			if err != nil {
+				return err
+			}
+			db, err := a.openDB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := outbox.Reschedule(cmd.Context(), db, args[0], args[1], due); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", args[0], args[1], due.UTC().Format(time.RFC3339Nano))
+			return nil
+		},
+	}
+	cmd.AddCommand(show, cancel, reschedule)
+	return cmd
+}
+
+func printInfo(a *app, i *outbox.Info, asJSON bool) {
+	if asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(infoJSON(i))
+		return
+	}
+	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    %d\nrescues:     %d\npayload:     %d bytes\n",
+		i.ID, i.Task.Topic, i.Task.Key, i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+	if !i.PublishedAt.IsZero() {
+		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
+	}
+	if !i.DoneAt.IsZero() {
+		fmt.Fprintf(a.stdout, "done:        %s (lateness %v)\n", i.DoneAt.Format(time.RFC3339Nano), i.DoneAt.Sub(i.Task.DueAt))
+	}
+	if i.LastError != "" {
+		fmt.Fprintf(a.stdout, "last error:  %s\n", i.LastError)
+	}
+}
+
+func infoJSON(i *outbox.Info) map[string]any {
+	m := map[string]any{
+		"id": i.ID, "topic": i.Task.Topic, "key": i.Task.Key, "state": i.State, "due": i.Task.DueAt,
+		"generation": i.Generation, "publish_attempts": i.PublishAttempts, "rescues": i.Rescues,
+		"payload_bytes": len(i.Task.Payload), "last_error": i.LastError, "created": i.CreatedAt,
+	}
+	if !i.PublishedAt.IsZero() {
+		m["published"] = i.PublishedAt
+	}
+	if !i.DoneAt.IsZero() {
+		m["done"] = i.DoneAt
+	}
+	return m
+}
