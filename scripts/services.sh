@@ -99,7 +99,7 @@ ensure_installed() {
 	if [[ ! -d "$RMQ_LIB" ]] || [[ -z "$(ls -A "$RMQ_LIB" 2>/dev/null)" ]]; then
 		log "fetching RocketMQ jars from Maven Central into $RMQ_LIB"
 		mkdir -p "$RMQ_LIB"
-		mvn -q -B -f "$SCRIPTS/rocketmq/pom.xml" dependency:copy-dependencies \
+		mvn -q -B -Dstyle.color=never -f "$SCRIPTS/rocketmq/pom.xml" dependency:copy-dependencies \
 			-DoutputDirectory="$RMQ_LIB"
 	fi
 	timing "install rocketmq jars" "$(elapsed "$t0")"
