@@ -1,0 +1,280 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
+	topo := topology{cfg: Config{Prefix: "p", Unit: 250 * time.Millisecond, Depth: 4}}
+	for _, c := range []struct {
+		delay    time.Duration
+		exchange string
+		key      string
+	}{
+		{0, "p.deliver", "0.0.0.0.t"},
+		{249 * time.Millisecond, "p.deliver", "0.0.0.0.t"},
+		{250 * time.Millisecond, "p.ladder.0", "0.0.0.1.t"},
+		{499 * time.Millisecond, "p.ladder.0", "0.0.0.1.t"},
+		{1250 * time.Millisecond, "p.ladder.2", "0.1.0.1.t"},
+		{2 * time.Second, "p.ladder.3", "1.0.0.0.t"},
+		{3750 * time.Millisecond, "p.ladder.3", "1.1.1.1.t"},
+		{time.Hour, "p.ladder.3", "1.1.1.1.t"}, // capped at the top
+	} {
+		x, k := topo.ladderRoute(c.delay, "t")
+		if x != c.exchange || k != c.key {
+			t.Errorf("ladderRoute(%v) = %s %s, want %s %s", c.delay, x, k, c.exchange, c.key)
+		}
+	}
+}
+
+func TestLadder_EachLevelBindsItsBitToItsQueueAndZeroOnward(t *testing.T) {
+	topo := topology{cfg: Config{Prefix: "p", Unit: time.Second, Depth: 3}}
+	if got := topo.bitPattern(2, "1"); got != "1.#" {
+		t.Errorf("top level pattern %q", got)
+	}
+	if got := topo.bitPattern(0, "0"); got != "*.*.0.#" {
+		t.Errorf("bottom level pattern %q", got)
+	}
+	if topo.nextExchange(0) != "p.deliver" || topo.nextExchange(2) != "p.ladder.1" {
+		t.Errorf("next exchanges %s %s", topo.nextExchange(0), topo.nextExchange(2))
+	}
+	args := topo.levelArgs(2)
+	if args["x-message-ttl"] != int64(4000) || args["x-dead-letter-strategy"] != "at-least-once" || args["x-overflow"] != "reject-publish" || args["x-queue-type"] != "quorum" {
+		t.Errorf("level 2 args %v", args)
+	}
+}
+
+func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
+	cfg, err := Config{URL: "amqp://x"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top := cfg.Unit << (cfg.Depth - 1); top > MaxLevelTTL {
+		t.Errorf("top level TTL %v exceeds %v", top, MaxLevelTTL)
+	}
+	l := cfg.limits()
+	if l.MaxHop != LadderMaxHop(DefaultUnit, DefaultDepth) || l.Precision != DefaultUnit {
+		t.Errorf("limits %+v", l)
+	}
+	if l.MaxHop < 77*24*time.Hour {
+		t.Errorf("default max hop %v is shorter than documented (77 days)", l.MaxHop)
+	}
+	if _, err := (Config{URL: "amqp://x", Unit: time.Second, Depth: 24}).withDefaults(); err == nil {
+		t.Error("a 1s unit with 24 levels (top TTL 97 days) was accepted")
+	}
+}
+
+func TestToTable_StripsDeathHeaders(t *testing.T) {
+	tab := toTable(map[string]string{
+		"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired", broker.HeaderKey: "k",
+	})
+	if len(tab) != 1 || tab[broker.HeaderKey] != "k" {
+		t.Errorf("toTable kept %v", tab)
+	}
+}
+
+func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
+	_, err := fromTable(amqp.Table{broker.HeaderKey: int64(4), "x-death": []any{amqp.Table{"count": int64(1)}}})
+	var ee *broker.EnvelopeError
+	if !errors.As(err, &ee) || ee.Header != broker.HeaderKey {
+		t.Fatalf("err = %v, want an EnvelopeError on %s", err, broker.HeaderKey)
+	}
+	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q"})
+	if err != nil || h["n"] != "3" || len(h) != 1 {
+		t.Errorf("fromTable = %v, %v", h, err)
+	}
+}
+
+// getWithin polls queue with basic.get until a message comes or the wait ends.
+func getWithin(t *testing.T, ch *amqp.Channel, queue string, wait time.Duration) (amqp.Delivery, bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			t.Fatalf("get %s: %v", queue, err)
+		}
+		if ok {
+			return d, true
+		}
+		if time.Now().After(deadline) {
+			return amqp.Delivery{}, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// deathCount returns x-death's count for queue, 0 when absent.
+func deathCount(h amqp.Table, queue string) int64 {
+	deaths, _ := h["x-death"].([]any)
+	for _, d := range deaths {
+		if tab, ok := d.(amqp.Table); ok && tab["queue"] == queue {
+			n, _ := tab["count"].(int64)
+			return n
+		}
+	}
+	return 0
+}
+
+func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
+	b := setup(t)
+	topic := "again"
+	pub, _ := b.clients(t, topic)
+	topo := topology{cfg: b.cfg}
+	ch := b.channel(t)
+	ctx := context.Background()
+
+	// One whole unit and a bit: rounded down, it enters level 0.
+	m := &broker.Message{Topic: topic, Key: "k", Payload: []byte("p"), DeliverAt: broker.MillisUTC(time.Now().Add(testUnit + 100*time.Millisecond))}
+	if err := pub.Publish(ctx, m); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	d, ok := getWithin(t, ch, topo.topicQueue(topic), 30*time.Second)
+	if !ok {
+		t.Fatal("the message never left level 0")
+	}
+	level0 := topo.levelQueue(0)
+	if n := deathCount(d.Headers, level0); n != 1 {
+		t.Fatalf("after one pass x-death counts %d for %s, want 1 (headers %v)", n, level0, d.Headers)
+	}
+	h, err := fromTable(d.Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := broker.Decode(h, d.Body)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// Through the same level again, as the runtime's hop would send it.
+	got.Hop++
+	got.DeliverAt = broker.MillisUTC(time.Now().Add(testUnit + 100*time.Millisecond))
+	if err := pub.Publish(ctx, got); err != nil {
+		t.Fatalf("re-Publish: %v", err)
+	}
+	d, ok = getWithin(t, ch, topo.topicQueue(topic), 30*time.Second)
+	if !ok {
+		t.Fatal("the re-published message never left level 0 (held as a dead-letter cycle?)")
+	}
+	if n := deathCount(d.Headers, level0); n != 1 {
+		t.Errorf("after the re-publish x-death counts %d for %s, want 1: the old history travelled along", n, level0)
+	}
+	_ = d.Ack(false)
+}
+
+func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
+	b := setup(t)
+	pub, sub := b.clients(t, "good")
+	b.topic("ghost")
+	topo := topology{cfg: b.cfg}
+	ctx := context.Background()
+	ch := b.channel(t)
+
+	// Declare ghost's queue through a publish, drain it, then delete it: the
+	// next ghost message has nowhere to go when it leaves the ladder.
+	if err := pub.Publish(ctx, &broker.Message{Topic: "ghost", Key: "warm", DeliverAt: time.Now()}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	if _, err := ch.QueueDelete(topo.topicQueue("ghost"), false, false, false); err != nil {
+		t.Fatalf("delete ghost queue: %v", err)
+	}
+	deliveries, err := sub.Subscribe(ctx, "good")
+	if err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	due := broker.MillisUTC(time.Now().Add(2 * testUnit))
+	lost := &broker.Message{Topic: "ghost", Key: "lost", Payload: []byte("lost"), DeliverAt: due}
+	good := &broker.Message{Topic: "good", Key: "behind", DeliverAt: due}
+	if err := pub.Publish(ctx, lost, good); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	select {
+	case d := <-deliveries:
+		if d.Message == nil || d.Message.Key != "behind" {
+			t.Fatalf("got %+v, want the message behind the unroutable one", d)
+		}
+		_ = d.Acker.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the message behind an unroutable one never arrived")
+	}
+	p, ok := getWithin(t, ch, topo.parkingQueue(), 30*time.Second)
+	if !ok {
+		t.Fatal("the unroutable message is not in the parking queue")
+	}
+	if string(p.Body) != "lost" || !strings.HasSuffix(p.RoutingKey, ".ghost") {
+		t.Errorf("parked %q with key %q", p.Body, p.RoutingKey)
+	}
+	_ = p.Ack(false)
+}
+
+func TestPublisher_ReturnedMessageIsReportedFailedAlone(t *testing.T) {
+	b := setup(t)
+	pub, _ := b.clients(t, "here")
+	b.topic("gone")
+	topo := topology{cfg: b.cfg}
+	ctx := context.Background()
+	ch := b.channel(t)
+	if err := pub.Publish(ctx, &broker.Message{Topic: "gone", Key: "warm", DeliverAt: time.Now()}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	// Without its queue and without the parking queue behind the alternate
+	// exchange, a message for "gone" routes nowhere and comes back.
+	for _, q := range []string{topo.topicQueue("gone"), topo.parkingQueue()} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Fatalf("delete %s: %v", q, err)
+		}
+	}
+	var msgs []*broker.Message
+	for i := range 6 {
+		topic := "here"
+		if i%3 == 1 {
+			topic = "gone"
+		}
+		msgs = append(msgs, &broker.Message{Topic: topic, Key: "k", DeliverAt: time.Now()})
+	}
+	errs := broker.PublishResults(pub.Publish(ctx, msgs...), len(msgs))
+	for i, err := range errs {
+		if msgs[i].Topic == "gone" && !errors.Is(err, ErrUnroutable) {
+			t.Errorf("#%d (unroutable): err = %v, want ErrUnroutable", i, err)
+		}
+		if msgs[i].Topic == "here" && err != nil {
+			t.Errorf("#%d (routable): err = %v, want confirmed", i, err)
+		}
+	}
+}
+
+func TestLadder_FullLevelNacksThePublish(t *testing.T) {
+	b := setup(t)
+	b.cfg.MaxLength = 3
+	pub, _ := b.clients(t, "full")
+	ctx := context.Background()
+	// 8 units enter the top level (2s) and stay there while we publish.
+	due := time.Now().Add(8*testUnit + time.Minute/60)
+	var ok, nacked int
+	for i := range 12 {
+		err := broker.PublishResults(pub.Publish(ctx, &broker.Message{Topic: "full", Key: "k", DeliverAt: broker.MillisUTC(due), Hop: i}), 1)[0]
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrNacked):
+			nacked++
+		default:
+			t.Fatalf("publish %d: %v, want nil or ErrNacked", i, err)
+		}
+	}
+	t.Logf("max-length 3: confirmed %d, nacked %d", ok, nacked)
+	if ok < 3 || nacked == 0 {
+		t.Errorf("confirmed %d, nacked %d: want the first 3 confirmed and the publishes over the guard nacked", ok, nacked)
+	}
+}
