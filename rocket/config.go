@@ -1,0 +1,157 @@
+package rocket
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Config configures a Publisher and a Subscriber. Every zero value means the
+// default stated on the field.
+type Config struct {
+	// NameServers are the name server addresses, host:port. Required.
+	NameServers []string
+	// Limits say what one hop may be and select the delay mode. Without
+	// Levels the publisher sends RocketMQ 5 timer messages (TIMER_DELAY_MS)
+	// of at most MaxHop, which ops set to the broker's timerMaxDelaySec, and
+	// Precision is the broker's timerPrecisionMs. With Levels it sends
+	// RocketMQ 4.x delay levels (the DELAY property), which must equal the
+	// broker's messageDelayLevel list. Default TimerLimits(259200s, 1s), the
+	// broker's own defaults.
+	Limits broker.Limits
+	// ProducerGroup names the producer group. Default "delaybridge-producer".
+	ProducerGroup string
+	// GroupPrefix starts every consumer group name: a subscription to topic
+	// T consumes in group GroupPrefix+"-"+T, so every subscriber of T with
+	// the same prefix competes for its messages. Default "delaybridge".
+	GroupPrefix string
+	// SendWorkers bounds the messages one Publisher has in flight to the
+	// broker at once. Timed messages cannot be batched (the broker ignores a
+	// batch's inner properties), so throughput comes from sending many one
+	// at a time concurrently. Default 64.
+	SendWorkers int
+	// SendTimeout bounds one send attempt. Default 3s.
+	SendTimeout time.Duration
+	// SendRetries is how many times the client retries a failed send on its
+	// own before Publish reports the message as not confirmed. Default 2.
+	SendRetries int
+	// ConsumeGoroutines bounds the deliveries of one subscription that are
+	// unsettled at once (each holds a client callback until Ack or Nack).
+	// Keep it above the runtime's Concurrency plus the messages it holds
+	// early. Default 64.
+	ConsumeGoroutines int
+	// ConsumeTimeout is how long a delivery may stay unsettled before the
+	// client gives it back to the broker on its own. Keep it above the
+	// runtime's HandlerTimeout plus its HoldWindow. Default 15m.
+	ConsumeTimeout time.Duration
+	// AssignWait bounds how long Subscribe waits for the consumer's first
+	// rebalance to give it queues. Default 10s.
+	AssignWait time.Duration
+	// StartFromLatest makes a consumer group that has no offset yet start
+	// at the end of the topic. The default, false, starts it at the first
+	// message the broker still has, so tasks published before the group
+	// first connected are not skipped.
+	StartFromLatest bool
+	// Logger receives the adapter's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults applied to a zero Config.
+const (
+	DefaultProducerGroup     = "delaybridge-producer"
+	DefaultGroupPrefix       = "delaybridge"
+	DefaultSendWorkers       = 64
+	DefaultSendTimeout       = 3 * time.Second
+	DefaultSendRetries       = 2
+	DefaultConsumeGoroutines = 64
+	DefaultConsumeTimeout    = 15 * time.Minute
+	DefaultAssignWait        = 10 * time.Second
+	// DefaultTimerMaxDelay is the broker's default timerMaxDelaySec.
+	DefaultTimerMaxDelay = 259200 * time.Second
+	// DefaultTimerPrecision is the broker's default timerPrecisionMs.
+	DefaultTimerPrecision = time.Second
+	// LevelPrecision is how far from its level a delay-level message may
+	// arrive: the broker's schedule service polls every 100ms.
+	LevelPrecision = 100 * time.Millisecond
+)
+
+// TimerLimits returns the limits of RocketMQ 5 timer mode for a broker with
+// timerMaxDelaySec = maxDelay and timerPrecisionMs = precision.
+func TimerLimits(maxDelay, precision time.Duration) broker.Limits {
+	return broker.Limits{MaxHop: maxDelay, Precision: precision}
+}
+
+// DefaultLevels returns the broker's default messageDelayLevel list:
+// 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+func DefaultLevels() []time.Duration {
+	return []time.Duration{
+		time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
+		time.Minute, 2 * time.Minute, 3 * time.Minute, 4 * time.Minute, 5 * time.Minute,
+		6 * time.Minute, 7 * time.Minute, 8 * time.Minute, 9 * time.Minute, 10 * time.Minute,
+		20 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour,
+	}
+}
+
+// LevelLimits returns the limits of RocketMQ 4.x level mode for a broker
+// whose messageDelayLevel list is levels. maxHop, when not zero, keeps hops
+// to the levels at or below it.
+func LevelLimits(levels []time.Duration, maxHop time.Duration) broker.Limits {
+	return broker.Limits{Levels: levels, MaxHop: maxHop, Precision: LevelPrecision}
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if len(c.NameServers) == 0 {
+		return c, errors.New("rocket: Config.NameServers is empty")
+	}
+	if c.Limits.MaxHop == 0 && len(c.Limits.Levels) == 0 {
+		c.Limits.MaxHop = DefaultTimerMaxDelay
+		if c.Limits.Precision == 0 {
+			c.Limits.Precision = DefaultTimerPrecision
+		}
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return c, fmt.Errorf("rocket: %w", err)
+	}
+	if c.ProducerGroup == "" {
+		c.ProducerGroup = DefaultProducerGroup
+	}
+	if c.GroupPrefix == "" {
+		c.GroupPrefix = DefaultGroupPrefix
+	}
+	if c.SendWorkers <= 0 {
+		c.SendWorkers = DefaultSendWorkers
+	}
+	if c.SendTimeout <= 0 {
+		c.SendTimeout = DefaultSendTimeout
+	}
+	if c.SendRetries <= 0 {
+		c.SendRetries = DefaultSendRetries
+	}
+	if c.ConsumeGoroutines <= 0 {
+		c.ConsumeGoroutines = DefaultConsumeGoroutines
+	}
+	if c.ConsumeTimeout <= 0 {
+		c.ConsumeTimeout = DefaultConsumeTimeout
+	}
+	if c.AssignWait <= 0 {
+		c.AssignWait = DefaultAssignWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// instanceSeq makes every client's instance name unique in the process:
+// rocketmq-client-go shares one connection set per instance name, and two
+// subscribers of one group in one process must be two consumers to the
+// broker, not one.
+var instanceSeq atomic.Int64
+
+func instanceName(kind string) string {
+	return fmt.Sprintf("delaybridge-%s-%d-%d", kind, time.Now().UnixNano(), instanceSeq.Add(1))
+}

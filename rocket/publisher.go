@@ -1,0 +1,229 @@
+package rocket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Publisher sends delaybridge messages to RocketMQ, one hop at a time, as
+// Limits().Plan plans it. It implements broker.Publisher.
+//
+// # Timing: relative, not absolute
+//
+// A timer hop carries TIMER_DELAY_MS, a delay the broker counts from the
+// moment it stores the message, and never TIMER_DELIVER_MS, an absolute
+// epoch time read against the broker's clock. The delay is computed from
+// the sender's clock right before each send. This keeps the broker's clock
+// out of the picture:
+//
+//   - With an absolute time, a sender whose clock runs ahead of the
+//     broker's by s asks for MaxHop+s when it means MaxHop, and a full
+//     hop with MaxHop equal to timerMaxDelaySec is rejected (code 13).
+//     A relative delay is compared with the limit as it is.
+//   - With an absolute time, a broker whose clock runs ahead of the
+//     consumers' by more than the runtime's hold window delivers every
+//     message early, the consumer hops it again to the same absolute time,
+//     and the broker delivers it at once again: a hot loop until the clocks
+//     meet. With a relative delay each hop waits what the hopping consumer
+//     computed from its own clock, so an early arrival is corrected by one
+//     hold or one hop.
+//
+// The price is that the time between computing the delay and the broker
+// storing the message (send latency, client retries) makes a hop that much
+// later; it never makes one earlier. Lateness then depends only on the
+// skew between delaybridge's own machines (relay and consumers), which the
+// runtime's hold window covers, and on the broker's timerPrecisionMs.
+//
+// # Levels
+//
+// With Limits.Levels the publisher sends the 1-based level Plan chose in the
+// DELAY property. Plan never chooses a level above the last, so the broker
+// never clamps one silently.
+//
+// Every message goes out alone: the broker ignores the inner properties of a
+// batch, so a timed message in a batch would be delivered at once. Each send
+// builds its properties from broker.Encode and the planned hop only, never
+// from a received message, so no TIMER_* property of an earlier hop can
+// leak into a re-publish.
+type Publisher struct {
+	cfg  Config
+	prod interface {
+		SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error)
+		Shutdown() error
+	}
+	sem chan struct{}
+	now func() time.Time
+
+	mu       sync.RWMutex
+	closed   bool
+	inflight sync.WaitGroup
+}
+
+// Property names the publisher sets besides the envelope.
+const (
+	propTimerDelayMS = "TIMER_DELAY_MS"
+	propDelayLevel   = primitive.PropertyDelayTimeLevel
+	propKeys         = primitive.PropertyKeys
+)
+
+// NewPublisher starts a producer on cfg.NameServers. Close it with Close.
+func NewPublisher(cfg Config) (*Publisher, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	installClientLog()
+	prod, err := producer.NewDefaultProducer(
+		producer.WithNameServer(cfg.NameServers),
+		producer.WithGroupName(cfg.ProducerGroup),
+		producer.WithInstanceName(instanceName("pub")),
+		producer.WithSendMsgTimeout(cfg.SendTimeout),
+		producer.WithRetry(cfg.SendRetries),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("rocket: new producer: %w", err)
+	}
+	if err := prod.Start(); err != nil {
+		return nil, fmt.Errorf("rocket: start producer: %w", err)
+	}
+	return &Publisher{cfg: cfg, prod: prod, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}, nil
+}
+
+// Limits returns the configured limits.
+func (p *Publisher) Limits() broker.Limits { return p.cfg.Limits }
+
+// Publish sends each message as its own broker message, up to SendWorkers
+// at once, and returns when the broker answered for all of them. See
+// broker.Publisher for the meaning of the result.
+func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		return broker.ErrClosed
+	}
+	p.inflight.Add(1)
+	p.mu.RUnlock()
+	defer p.inflight.Done()
+
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		if err := validate(m); err != nil {
+			errs[i] = err
+			continue
+		}
+		select {
+		case p.sem <- struct{}{}:
+		case <-ctx.Done():
+			errs[i] = ctx.Err()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-p.sem }()
+			errs[i] = p.send(ctx, m)
+		}()
+	}
+	wg.Wait()
+
+	failed := map[int]error{}
+	for i, err := range errs {
+		if err != nil {
+			failed[i] = err
+		}
+	}
+	switch {
+	case len(failed) == 0:
+		return nil
+	case len(failed) == len(msgs) && len(msgs) > 1 && allSame(errs):
+		return errs[0]
+	default:
+		return &broker.PublishError{Failed: failed}
+	}
+}
+
+// allSame reports whether every error is the context's or the same value,
+// so one error can stand for all.
+func allSame(errs []error) bool {
+	for _, e := range errs[1:] {
+		if e != errs[0] {
+			return false
+		}
+	}
+	return errs[0] != nil && (errors.Is(errs[0], context.Canceled) || errors.Is(errs[0], context.DeadlineExceeded))
+}
+
+func validate(m *broker.Message) error {
+	if err := m.Validate(); err != nil {
+		return errors.Join(broker.ErrRejected, err)
+	}
+	if strings.ContainsAny(m.Key, "\x01\x02") || strings.ContainsAny(m.Trace, "\x01\x02") {
+		return errors.Join(broker.ErrRejected, broker.ErrInvalidMessage, errProperty)
+	}
+	for k, v := range m.Headers {
+		if strings.ContainsAny(k, "\x01\x02") || strings.ContainsAny(v, "\x01\x02") {
+			return errors.Join(broker.ErrRejected, broker.ErrInvalidMessage, errProperty)
+		}
+	}
+	return nil
+}
+
+// send plans the hop at the last moment, so the relative delay starts as
+// close as possible to the broker's receipt, and sends one message.
+func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	props := broker.Encode(m)
+	props[propKeys] = m.Key
+	hop := p.cfg.Limits.Plan(p.now(), m.DeliverAt)
+	setHop(props, hop)
+	msg := primitive.NewMessage(m.Topic, m.Payload)
+	msg.WithProperties(props)
+	res, err := p.prod.SendSync(ctx, msg)
+	if err != nil {
+		return classify(err, hop.Delay, p.cfg.Limits.MaxHop)
+	}
+	if res.Status != primitive.SendOK {
+		// Stored on the master but not flushed or replicated in time: report
+		// it unconfirmed, so the caller sends it again; a duplicate is
+		// harmless, a loss is not.
+		return fmt.Errorf("rocket: send: broker answered status %d, not SEND_OK", res.Status)
+	}
+	return nil
+}
+
+// setHop adds the delay property of hop to props: TIMER_DELAY_MS in timer
+// mode, DELAY in level mode, nothing for a hop without delay.
+func setHop(props map[string]string, hop broker.Hop) {
+	switch {
+	case hop.Level > 0:
+		props[propDelayLevel] = fmt.Sprint(hop.Level)
+	case hop.Delay >= time.Millisecond:
+		props[propTimerDelayMS] = fmt.Sprint(hop.Delay.Milliseconds())
+	}
+}
+
+// Close waits for running Publish calls and shuts the producer down.
+// Publish after Close returns broker.ErrClosed.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.inflight.Wait()
+	return p.prod.Shutdown()
+}
