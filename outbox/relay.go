@@ -181,7 +181,10 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if r.cfg.Horizon > 0 {
 		limit = now.Add(r.cfg.Horizon).UnixMilli()
 	}
-	tx, err := r.db.BeginTx(ctx, nil)
+	// READ COMMITTED: the claim locks only the rows it returns, no gaps of
+	// the (state, due_ms) index, so producers inserting new tasks never wait
+	// on (or deadlock with) a claim.
+	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: begin: %w", err)
 	}

@@ -168,7 +168,8 @@ func (s *Scanner) Run(ctx context.Context) error {
 // row, in the claim's transaction, only after the broker confirmed.
 func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	now := s.cfg.Now()
-	tx, err := s.db.BeginTx(ctx, nil)
+	// READ COMMITTED keeps the claim from locking index gaps (see the relay).
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, fmt.Errorf("scanner: begin: %w", err)
 	}
