@@ -1,0 +1,440 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// benchTopic is the topic every bench run uses; keys carry the run id, so a
+// run ignores leftovers of earlier ones.
+const benchTopic = "delaybridge-bench"
+
+type benchResult struct {
+	Broker        string           `json:"broker"`
+	Mode          string           `json:"mode"`
+	Tasks         int              `json:"tasks"`
+	Scheduled     int64            `json:"scheduled"`
+	Handled       int64            `json:"handled"`
+	Lost          int64            `json:"lost"`
+	DupEffects    int64            `json:"dup_effects"`
+	Early         int64            `json:"early"`
+	ScheduleTPS   float64          `json:"schedule_tps"`
+	RelayTPS      float64          `json:"relay_tps"`
+	BaselineTPS   float64          `json:"baseline_publish_tps"`
+	Lateness      map[string]int64 `json:"lateness_ms"`
+	HandlerMode   string           `json:"handler"`
+	ElapsedSecond float64          `json:"elapsed_s"`
+}
+
+// benchRun tracks one run's tasks by index.
+type benchRun struct {
+	id      string
+	due     []int64        // unix ms per task
+	handled []atomic.Int64 // first handled time, unix µs; 0 = not yet
+	runs    []atomic.Int32 // handler runs
+	count   atomic.Int64
+	early   atomic.Int64
+}
+
+func (r *benchRun) key(i int) string { return r.id + "-" + strconv.Itoa(i) }
+
+func (r *benchRun) index(key string) (int, bool) {
+	rest, ok := strings.CutPrefix(key, r.id+"-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || i >= len(r.due) {
+		return 0, false
+	}
+	return i, true
+}
+
+// seen records a handler run of task i at now.
+func (r *benchRun) seen(i int, now time.Time) {
+	r.runs[i].Add(1)
+	if r.handled[i].CompareAndSwap(0, now.UnixMicro()) {
+		r.count.Add(1)
+		if now.UnixMilli() < r.due[i] {
+			r.early.Add(1)
+		}
+	}
+}
+
+func newBenchCmd(a *app) *cobra.Command {
+	var (
+		bf         brokerFlags
+		tasks      int
+		rate       float64
+		delay      time.Duration
+		spread     time.Duration
+		handler    string
+		baseline   bool
+		asJSON     bool
+		preload    bool
+		producers  int
+		perTx      int
+		relayWkrs  int
+		concurrent int
+		wait       time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Load-test the whole path: schedule, relay, broker delay, consumer",
+		Long: `bench schedules --tasks tasks through outbox.Schedule at --rate per second (0 =
+as fast as the producers go), each due --delay after its scheduling plus its
+share of --spread (0 = all due in one burst), runs the relay and a consumer in
+this process, and waits until every task was handled or --wait passed the last
+due time. --handler noop only records the run; --handler db runs outbox.Handle
+with a conditional UPDATE of a bench_orders row, the order-timeout shape.
+--baseline first measures a confirmed publish of the same number of messages
+straight through the adapter, without the database, in the same run.
+--preload schedules everything before the relay starts, to measure the relay
+alone against a full table.
+
+It prints progress to stderr and a summary; with --json the last line of
+stdout is one JSON object. lost = tasks never handled, dup_effects = effects
+applied more than once (noop: handler runs beyond the first), early = handled
+before due. It exits non-zero when anything was lost, early, or (db handler)
+applied twice.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if tasks <= 0 || producers <= 0 || perTx <= 0 || (handler != "noop" && handler != "db") {
+				return fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
+			}
+			db, err := a.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			db.SetMaxOpenConns(producers + relayWkrs + concurrent + 8)
+			db.SetMaxIdleConns(producers + relayWkrs + concurrent + 8)
+			if _, err := outbox.Migrate(ctx, db); err != nil {
+				return err
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (
+  id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
+				return err
+			}
+			for _, q := range []string{"DELETE FROM bench_orders", "DELETE FROM delay_task WHERE topic = '" + benchTopic + "'"} {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					return err
+				}
+			}
+			cl, err := bf.open(ctx, a, true)
+			if err != nil {
+				return err
+			}
+			defer cl.close()
+
+			run := &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, tasks),
+				handled: make([]atomic.Int64, tasks), runs: make([]atomic.Int32, tasks)}
+			res := benchResult{Broker: bf.kind, Mode: bf.mode(), Tasks: tasks, HandlerMode: handler}
+
+			var h broker.Handler
+			record := func(m *broker.Message) (int, bool) {
+				i, ok := run.index(m.Key)
+				return i, ok
+			}
+			if handler == "noop" {
+				h = func(ctx context.Context, m *broker.Message) error {
+					if i, ok := record(m); ok {
+						run.seen(i, time.Now())
+					}
+					return nil
+				}
+			} else {
+				h = func(ctx context.Context, m *broker.Message) error {
+					i, ok := record(m)
+					if !ok {
+						return nil
+					}
+					now := time.Now()
+					o, err := outbox.Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error {
+						_, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
+						return err
+					})
+					if err == nil && (o == outbox.Handled || o == outbox.SkippedDone) {
+						run.seen(i, now)
+					}
+					return err
+				}
+			}
+			consumer, err := broker.NewConsumer(cl.sub, cl.pub, h, broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log,
+				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic))})
+			if err != nil {
+				return err
+			}
+			if err := consumer.Start(ctx, benchTopic); err != nil {
+				return err
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = consumer.Close(cctx)
+			}()
+
+			if baseline {
+				tps, err := benchBaseline(ctx, cl.pub, tasks, relayWkrs)
+				if err != nil {
+					return fmt.Errorf("baseline: %w", err)
+				}
+				res.BaselineTPS = tps
+				fmt.Fprintf(a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", tasks, tps)
+			}
+
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, Logger: a.log, IdleMax: 50 * time.Millisecond})
+			if err != nil {
+				return err
+			}
+			work, stopWork := context.WithCancel(ctx)
+			var bg sync.WaitGroup
+			defer func() { stopWork(); bg.Wait() }()
+			relayStart := time.Now()
+			startRelay := func() {
+				relayStart = time.Now()
+				bg.Add(1)
+				go func() { defer bg.Done(); _ = relay.Run(work) }()
+			}
+			if !preload {
+				startRelay()
+			}
+			prog := newProgress(a.stderr, tasks)
+			bg.Add(1)
+			go func() { defer bg.Done(); prog.loop(work, db, run) }()
+
+			// Schedule.
+			var scheduled atomic.Int64
+			schedStart := time.Now()
+			var perr error
+			var perrOnce sync.Once
+			var pw sync.WaitGroup
+			next := atomic.Int64{}
+			for range producers {
+				pw.Add(1)
+				go func() {
+					defer pw.Done()
+					for {
+						first := int(next.Add(int64(perTx))) - perTx
+						if first >= tasks || ctx.Err() != nil {
+							return
+						}
+						last := min(first+perTx, tasks)
+						if rate > 0 {
+							if d := time.Until(schedStart.Add(time.Duration(float64(first) / rate * float64(time.Second)))); d > 0 {
+								time.Sleep(d)
+							}
+						}
+						if err := benchSchedule(ctx, db, run, first, last, delay, spread, tasks, relay, handler == "db"); err != nil {
+							perrOnce.Do(func() { perr = err })
+							return
+						}
+						scheduled.Add(int64(last - first))
+					}
+				}()
+			}
+			pw.Wait()
+			if perr != nil {
+				return fmt.Errorf("schedule: %w", perr)
+			}
+			res.Scheduled = scheduled.Load()
+			res.ScheduleTPS = float64(res.Scheduled) / time.Since(schedStart).Seconds()
+			if preload {
+				startRelay()
+			}
+
+			// Relay throughput: until nothing is pending.
+			for {
+				var pending int
+				if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE topic = ? AND state = 'pending'", benchTopic).Scan(&pending); err != nil {
+					return err
+				}
+				if pending == 0 || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			res.RelayTPS = float64(res.Scheduled) / time.Since(relayStart).Seconds()
+
+			// Wait for the handlers.
+			var lastDue int64
+			for _, d := range run.due {
+				lastDue = max(lastDue, d)
+			}
+			deadline := time.UnixMilli(lastDue).Add(wait)
+			for run.count.Load() < int64(tasks) && time.Now().Before(deadline) && ctx.Err() == nil {
+				time.Sleep(50 * time.Millisecond)
+			}
+			stopWork()
+			prog.done(run)
+
+			res.Handled = run.count.Load()
+			res.Lost = int64(tasks) - res.Handled
+			res.Early = run.early.Load()
+			if handler == "db" {
+				if err := db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM bench_orders WHERE effects > 1").Scan(&res.DupEffects); err != nil {
+					return err
+				}
+			} else {
+				for i := range run.runs {
+					if run.runs[i].Load() > 1 {
+						res.DupEffects++
+					}
+				}
+			}
+			var late []int64
+			for i := range run.handled {
+				if t := run.handled[i].Load(); t != 0 {
+					late = append(late, max(t/1000-run.due[i], 0))
+				}
+			}
+			l := outbox.Summarize(late)
+			res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
+			res.ElapsedSecond = time.Since(schedStart).Seconds()
+
+			fmt.Fprintf(a.stdout, "bench %s (%s), handler %s: %d tasks, scheduled %d at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, handler, tasks, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
+			if baseline {
+				fmt.Fprintf(a.stdout, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
+			}
+			fmt.Fprintf(a.stdout, "\nhandled %d, lost %d, early %d, duplicate effects %d\nlateness ms: p50 %d p90 %d p99 %d max %d\n",
+				res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
+			if asJSON {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(a.stdout, string(b))
+			}
+			if res.Lost > 0 || res.Early > 0 || (handler == "db" && res.DupEffects > 0) {
+				return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	bf.register(f)
+	f.IntVar(&tasks, "tasks", 10000, "tasks to schedule")
+	f.Float64Var(&rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
+	f.DurationVar(&delay, "delay", 2*time.Second, "delay of each task after its scheduling")
+	f.DurationVar(&spread, "spread", 0, "spread the due times over this window after --delay (0 = one burst)")
+	f.StringVar(&handler, "handler", "noop", "handler: noop or db (outbox.Handle + conditional UPDATE)")
+	f.BoolVar(&baseline, "baseline", false, "also measure a raw confirmed publish of the same number of messages")
+	f.BoolVar(&asJSON, "json", false, "end with one JSON object on the last line of stdout")
+	f.BoolVar(&preload, "preload", false, "schedule everything before starting the relay")
+	f.IntVar(&producers, "producers", 8, "concurrent scheduling goroutines")
+	f.IntVar(&perTx, "per-tx", 1, "tasks scheduled per transaction")
+	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
+	f.IntVar(&concurrent, "concurrency", 32, "consumer handler concurrency")
+	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+	return cmd
+}
+
+// benchSchedule schedules tasks [first, last) in one transaction.
+func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, first, last int, delay, spread time.Duration, n int, relay *outbox.Relay, orders bool) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	now := time.Now()
+	for i := first; i < last; i++ {
+		due := now.Add(delay)
+		if spread > 0 {
+			due = due.Add(time.Duration(float64(spread) * float64(i) / float64(n)))
+		}
+		run.due[i] = due.UnixMilli()
+		if orders {
+			if _, err := tx.ExecContext(ctx, "INSERT INTO bench_orders (id, status) VALUES (?, 'UNPAID')", run.key(i)); err != nil {
+				return err
+			}
+		}
+		if _, err := outbox.Schedule(ctx, tx, outbox.Task{Topic: benchTopic, Key: run.key(i), DueAt: due}); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	relay.Nudge()
+	return nil
+}
+
+// benchBaseline publishes n messages due at once straight through pub, in
+// batches of 500 from workers goroutines, and returns the confirmed rate.
+// Their keys belong to no run, so the consumer acks them unhandled.
+func benchBaseline(ctx context.Context, pub broker.Publisher, n, workers int) (float64, error) {
+	start := time.Now()
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	var firstErr error
+	var once sync.Once
+	for range max(workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				first := int(next.Add(500)) - 500
+				if first >= n {
+					return
+				}
+				msgs := make([]*broker.Message, 0, 500)
+				for i := first; i < min(first+500, n); i++ {
+					msgs = append(msgs, &broker.Message{Topic: benchTopic, Key: "baseline-" + strconv.Itoa(i), DeliverAt: broker.MillisUTC(time.Now())})
+				}
+				if err := pub.Publish(ctx, msgs...); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds(), firstErr
+}
+
+// progress draws a one-line progress bar on stderr.
+type progress struct {
+	w     io.Writer
+	total int
+}
+
+func newProgress(w io.Writer, total int) *progress { return &progress{w: w, total: total} }
+
+func (p *progress) line(published int, handled int64) {
+	const width = 30
+	fill := int(float64(width) * float64(handled) / float64(p.total))
+	fmt.Fprintf(p.w, "\r[%s%s] published %d/%d handled %d/%d ", strings.Repeat("#", fill), strings.Repeat(".", width-fill), published, p.total, handled, p.total)
+}
+
+func (p *progress) loop(ctx context.Context, db *sql.DB, run *benchRun) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var published int
+		_ = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE topic = ? AND state <> 'pending'", benchTopic).Scan(&published)
+		p.line(published, run.count.Load())
+	}
+}
+
+func (p *progress) done(run *benchRun) {
+	fmt.Fprintf(p.w, "\rhandled %d/%d%s\n", run.count.Load(), p.total, strings.Repeat(" ", 60))
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
+)
+
+// brokerFlags are the settings that pick and configure a broker adapter.
+type brokerFlags struct {
+	kind string
+
+	amqpURL     string
+	rabbitMode  string
+	rabbitPref  string
+	rabbitUnit  time.Duration
+	rabbitDepth int
+
+	namesrv     string
+	rocketMode  string
+	rocketMax   time.Duration
+	rocketPrec  time.Duration
+	rocketLvls  string
+	rocketGroup string
+}
+
+func (b *brokerFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&b.kind, "broker", "rabbit", "broker adapter: rabbit or rocket")
+	fs.StringVar(&b.amqpURL, "amqp-url", "amqp://delaybridge:delaybridge@127.0.0.1:5672/", "RabbitMQ AMQP URL (amqps:// for TLS)")
+	fs.StringVar(&b.rabbitMode, "rabbit-mode", "ladder", "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
+	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
+	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
+	fs.IntVar(&b.rabbitDepth, "rabbit-depth", rabbit.DefaultDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
+	fs.StringVar(&b.namesrv, "rocketmq-namesrv", "127.0.0.1:9876", "RocketMQ name servers, comma separated host:port")
+	fs.StringVar(&b.rocketMode, "rocketmq-mode", "timer", "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
+	fs.DurationVar(&b.rocketMax, "rocketmq-max-delay", 72*time.Hour, "longest timer hop: set it to the broker's timerMaxDelaySec (timer mode), or the highest level to use (levels mode, 0 = all)")
+	fs.DurationVar(&b.rocketPrec, "rocketmq-precision", time.Second, "the broker's timerPrecisionMs (timer mode)")
+	fs.StringVar(&b.rocketLvls, "rocketmq-levels", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "the broker's messageDelayLevel list (levels mode)")
+	fs.StringVar(&b.rocketGroup, "rocketmq-group-prefix", rocket.DefaultGroupPrefix, "prefix of RocketMQ consumer group names")
+}
+
+// mode names the configured delay mode for reports.
+func (b *brokerFlags) mode() string {
+	if b.kind == "rocket" {
+		return b.rocketMode
+	}
+	return b.rabbitMode
+}
+
+// clients are an opened adapter's publisher and subscriber.
+type clients struct {
+	pub   broker.Publisher
+	sub   broker.Subscriber
+	close func()
+	// addr is the broker address readiness checks dial.
+	addr string
+}
+
+func parseLevels(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Fields(strings.ReplaceAll(s, ",", " ")) {
+		d, err := time.ParseDuration(f)
+		if err != nil {
+			return nil, fmt.Errorf("--rocketmq-levels: %w", err)
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--rocketmq-levels: empty")
+	}
+	return out, nil
+}
+
+func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
+	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Logger: a.log}
+	switch b.rabbitMode {
+	case "ladder":
+		cfg.Mode = rabbit.ModeLadder
+	case "delayed-exchange":
+		cfg.Mode = rabbit.ModeDelayedExchange
+	default:
+		return cfg, fmt.Errorf("--rabbit-mode %q: want ladder or delayed-exchange", b.rabbitMode)
+	}
+	return cfg, nil
+}
+
+func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
+	cfg := rocket.Config{GroupPrefix: b.rocketGroup, Logger: a.log}
+	for _, s := range strings.Split(b.namesrv, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.NameServers = append(cfg.NameServers, s)
+		}
+	}
+	switch b.rocketMode {
+	case "timer":
+		if b.rocketMax <= 0 {
+			return cfg, fmt.Errorf("--rocketmq-max-delay must be positive in timer mode")
+		}
+		cfg.Limits = rocket.TimerLimits(b.rocketMax, b.rocketPrec)
+	case "levels":
+		lv, err := parseLevels(b.rocketLvls)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Limits = rocket.LevelLimits(lv, b.rocketMax)
+	default:
+		return cfg, fmt.Errorf("--rocketmq-mode %q: want timer or levels", b.rocketMode)
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// open connects the chosen adapter. withSub also builds a subscriber.
+func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients, error) {
+	switch b.kind {
+	case "rabbit":
+		cfg, err := b.rabbitConfig(a)
+		if err != nil {
+			return nil, err
+		}
+		pub, err := rabbit.NewPublisher(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("rabbit %s: %w", redactURL(b.amqpURL), scrub(err, b.amqpURL))
+		}
+		c := &clients{pub: pub, close: func() { _ = pub.Close() }}
+		if u, err := url.Parse(b.amqpURL); err == nil {
+			port := u.Port()
+			if port == "" {
+				port = map[bool]string{true: "5671", false: "5672"}[u.Scheme == "amqps"]
+			}
+			c.addr = net.JoinHostPort(u.Hostname(), port)
+		}
+		if withSub {
+			sub, err := rabbit.NewSubscriber(cfg)
+			if err != nil {
+				_ = pub.Close()
+				return nil, err
+			}
+			c.sub = sub
+			c.close = func() { _ = sub.Close(); _ = pub.Close() }
+		}
+		return c, nil
+	case "rocket":
+		cfg, err := b.rocketConfig(a)
+		if err != nil {
+			return nil, err
+		}
+		pub, err := rocket.NewPublisher(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, err)
+		}
+		c := &clients{pub: pub, close: func() { _ = pub.Close() }, addr: cfg.NameServers[0]}
+		if withSub {
+			sub, err := rocket.NewSubscriber(cfg)
+			if err != nil {
+				_ = pub.Close()
+				return nil, err
+			}
+			c.sub = sub
+			c.close = func() { _ = sub.Close(); _ = pub.Close() }
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("--broker %q: want rabbit or rocket", b.kind)
+}

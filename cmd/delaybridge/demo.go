@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/examples/ordertimeout"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+func newDemoCmd(a *app) *cobra.Command {
+	var (
+		bf       brokerFlags
+		orders   int
+		timeout  time.Duration
+		spread   time.Duration
+		payRatio float64
+		asJSON   bool
+		wait     time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the order-timeout story end to end and prove its invariants",
+		Long: `demo runs examples/ordertimeout against the real database and broker: it
+creates --orders orders over --spread, each reserving stock and scheduling its
+own cancellation --timeout later in the same transaction; pays about
+--pay-ratio of them at a random moment between creation and a little after
+the timeout (so some payments lose the race); and runs the relay, the scanner
+(with the unpaid-orders business source) and the cancel consumer in this
+process. When every order is paid or cancelled it prints a summary: orders,
+paid, cancelled, wrongly cancelled (paid but cancelled: must be 0), left unpaid
+past due (must be 0), stock consistent, and the lateness of the cancellations.
+It exits non-zero when an invariant is broken. It replaces the demo_orders and
+demo_inventory tables and the order-cancel tasks of earlier runs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if orders <= 0 || timeout <= 0 || payRatio < 0 || payRatio > 1 {
+				return fmt.Errorf("need --orders > 0, --timeout > 0 and 0 <= --pay-ratio <= 1")
+			}
+			db, err := a.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if _, err := outbox.Migrate(ctx, db); err != nil {
+				return err
+			}
+			cl, err := bf.open(ctx, a, true)
+			if err != nil {
+				return err
+			}
+			defer cl.close()
+
+			work, stopWork := context.WithCancel(ctx)
+			defer stopWork()
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond})
+			if err != nil {
+				return err
+			}
+			svc := &ordertimeout.Service{DB: db, Timeout: timeout, Nudge: relay.Nudge}
+			if err := svc.Setup(ctx, []string{"sku-a", "sku-b", "sku-c"}, 1_000_000); err != nil {
+				return err
+			}
+			sc, err := scanner.New(db, cl.pub, scanner.Config{Logger: a.log, Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
+				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}})
+			if err != nil {
+				return err
+			}
+			consumer, err := broker.NewConsumer(cl.sub, cl.pub, svc.CancelHandler(), broker.ConsumerConfig{
+				Concurrency: 16, Logger: a.log, DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)),
+			})
+			if err != nil {
+				return err
+			}
+			if err := consumer.Start(ctx, ordertimeout.Topic); err != nil {
+				return err
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = consumer.Close(cctx)
+			}()
+			var bg sync.WaitGroup
+			bg.Add(2)
+			go func() { defer bg.Done(); _ = relay.Run(work) }()
+			go func() { defer bg.Done(); _ = sc.Run(work) }()
+			defer bg.Wait()
+			defer stopWork()
+
+			fmt.Fprintf(a.stdout, "demo: %d orders over %v on %s (%s), timeout %v, paying about %.0f%%\n", orders, spread, bf.kind, bf.mode(), timeout, payRatio*100)
+			var paid atomic.Int64
+			var pays sync.WaitGroup
+			start := time.Now()
+			for i := range orders {
+				if d := time.Until(start.Add(time.Duration(float64(spread) * float64(i) / float64(orders)))); d > 0 {
+					time.Sleep(d)
+				}
+				id := fmt.Sprintf("order-%d-%d", start.Unix(), i)
+				if err := svc.CreateOrder(ctx, id, []string{"sku-a", "sku-b", "sku-c"}[i%3], 1+i%4); err != nil {
+					return err
+				}
+				if rand.Float64() < payRatio {
+					pays.Add(1)
+					go func() {
+						defer pays.Done()
+						time.Sleep(time.Duration(rand.Float64() * 1.2 * float64(timeout)))
+						if ok, err := svc.Pay(ctx, id); err != nil {
+							a.log.Warn("demo: payment failed", "order", id, "err", err)
+						} else if ok {
+							paid.Add(1)
+						}
+					}()
+				}
+			}
+			pays.Wait()
+			deadline := time.Now().Add(timeout + wait)
+			var r *ordertimeout.Report
+			for {
+				if r, err = svc.Check(ctx, 0); err != nil {
+					return err
+				}
+				if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			// Judge "left unpaid past due" with a little slack for the last
+			// cancellations in flight.
+			if r, err = svc.Check(ctx, 2*time.Second); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "orders %d, paid %d, cancelled %d (by timeout %d, by scanner %d)\n", r.Orders, r.Paid, r.Cancelled, r.CancelledBy["timeout"], r.CancelledBy["scanner"])
+			fmt.Fprintf(a.stdout, "wrongly cancelled (paid but cancelled): %d\nleft unpaid past due: %d\ncancelled before due: %d\nstock consistent: %v\n", r.WronglyCancelled, r.LeftUnpaid, r.Early, r.StockOK)
+			fmt.Fprintf(a.stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.Lateness.P50, r.Lateness.P99, r.Lateness.Max)
+			if asJSON {
+				out := map[string]any{"broker": bf.kind, "mode": bf.mode(), "orders": r.Orders, "paid": r.Paid, "cancelled": r.Cancelled,
+					"wrongly_cancelled": r.WronglyCancelled, "left_unpaid": r.LeftUnpaid, "early": r.Early, "stock_ok": r.StockOK,
+					"lateness_ms": map[string]int64{"p50": r.Lateness.P50, "p99": r.Lateness.P99, "max": r.Lateness.Max}}
+				b, _ := json.Marshal(out)
+				fmt.Fprintln(a.stdout, string(b))
+			}
+			if r.WronglyCancelled != 0 || r.LeftUnpaid != 0 || !r.StockOK || r.Early != 0 || int64(r.Paid) != paid.Load() {
+				return fmt.Errorf("demo: an invariant is broken (payments that went through: %d)", paid.Load())
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	bf.register(f)
+	f.IntVar(&orders, "orders", 300, "orders to create")
+	f.DurationVar(&timeout, "timeout", 5*time.Second, "how long an order may stay unpaid")
+	f.DurationVar(&spread, "spread", 3*time.Second, "how long creating the orders takes")
+	f.Float64Var(&payRatio, "pay-ratio", 0.5, "share of orders a customer tries to pay")
+	f.BoolVar(&asJSON, "json", false, "end with one JSON object on the last line")
+	f.DurationVar(&wait, "wait", 60*time.Second, "how long past the last timeout to wait for every order to settle")
+	return cmd
+}

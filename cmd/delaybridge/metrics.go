@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// metrics are the Prometheus series delaybridge exports. Labels carry only
+// topics and states, never keys, payloads or connection settings.
+type metrics struct {
+	reg *prometheus.Registry
+
+	relayPublished prometheus.Counter
+	relayFailed    prometheus.Counter
+	relayDead      prometheus.Counter
+	relayLatency   prometheus.Histogram
+	rescued        prometheus.Counter
+	business       prometheus.Counter
+
+	lateness *prometheus.HistogramVec
+	hops     *prometheus.CounterVec
+	retries  *prometheus.CounterVec
+	dead     *prometheus.CounterVec
+}
+
+func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.relayPublished = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_published_total", Help: "Tasks the relay published and marked published."})
+	m.relayFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_failed_total", Help: "Task publishes that failed transiently and will be retried."})
+	m.relayDead = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_dead_total", Help: "Tasks the broker rejected for good."})
+	m.relayLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delaybridge_relay_publish_seconds", Help: "Time to publish one relay batch and receive its confirms.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
+	m.rescued = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_scanner_rescued_total", Help: "Overdue published tasks the scanner published again."})
+	m.business = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_scanner_business_handled_total", Help: "Keys the scanner's business source handled."})
+	m.lateness = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_lateness_seconds", Help: "Handler start time minus due time.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}}, []string{"topic"})
+	m.hops = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_hops_total", Help: "Early messages published again as another hop."}, []string{"topic"})
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_retries_total", Help: "Failed handler runs scheduled for a retry."}, []string{"topic"})
+	m.dead = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_dead_total", Help: "Messages the runtime gave up on."}, []string{"topic"})
+	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if db != nil {
+		m.reg.MustRegister(&outboxCollector{db: db, grace: grace, log: log})
+	}
+	return m
+}
+
+func (m *metrics) relayHooks() outbox.RelayHooks {
+	return outbox.RelayHooks{
+		Published: func(n int, took time.Duration) {
+			m.relayPublished.Add(float64(n))
+			m.relayLatency.Observe(took.Seconds())
+		},
+		Failed: func(n int) { m.relayFailed.Add(float64(n)) },
+		Dead:   func(n int) { m.relayDead.Add(float64(n)) },
+	}
+}
+
+func (m *metrics) scannerHooks() scanner.Hooks {
+	return scanner.Hooks{
+		Rescued:         func(n int) { m.rescued.Add(float64(n)) },
+		BusinessHandled: func(n int) { m.business.Add(float64(n)) },
+	}
+}
+
+func (m *metrics) consumerHooks() broker.Hooks {
+	return broker.Hooks{
+		Handled: func(topic string, l time.Duration) { m.lateness.WithLabelValues(topic).Observe(l.Seconds()) },
+		Hopped:  func(topic string, _ int) { m.hops.WithLabelValues(topic).Inc() },
+		Retried: func(topic string, _ int) { m.retries.WithLabelValues(topic).Inc() },
+		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
+	}
+}
+
+// outboxCollector reads the outbox backlog at scrape time.
+type outboxCollector struct {
+	db    *sql.DB
+	grace time.Duration
+	log   *slog.Logger
+}
+
+var (
+	descTasks    = prometheus.NewDesc("delaybridge_outbox_tasks", "Unfinished tasks by state and topic.", []string{"state", "topic"}, nil)
+	descFinished = prometheus.NewDesc("delaybridge_outbox_finished_tasks", "Finished tasks still kept, by state.", []string{"state"}, nil)
+	descOverdue  = prometheus.NewDesc("delaybridge_outbox_overdue_tasks", "Published tasks overdue by more than the grace.", nil, nil)
+	descOldest   = prometheus.NewDesc("delaybridge_outbox_oldest_pending_age_seconds", "Now minus the due time of the oldest pending task (0 when none or not due).", nil, nil)
+	descUp       = prometheus.NewDesc("delaybridge_outbox_up", "1 when the last scrape could read the outbox.", nil, nil)
+)
+
+func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descTasks, descFinished, descOverdue, descOldest, descUp} {
+		ch <- d
+	}
+}
+
+func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	now := time.Now()
+	st, err := outbox.ReadStats(ctx, c.db, now, c.grace, time.Minute)
+	if err != nil {
+		c.log.Warn("delaybridge metrics: reading the outbox failed", "err", err)
+		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 1)
+	for state, topics := range st.Backlog {
+		for topic, n := range topics {
+			ch <- prometheus.MustNewConstMetric(descTasks, prometheus.GaugeValue, float64(n), string(state), topic)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Done), "done")
+	ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Cancelled), "cancelled")
+	ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.GaugeValue, float64(st.Overdue))
+	age := 0.0
+	if !st.OldestPendingDue.IsZero() && now.After(st.OldestPendingDue) {
+		age = now.Sub(st.OldestPendingDue).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, age)
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+func newRunCmd(a *app) *cobra.Command {
+	var (
+		bf        brokerFlags
+		httpAddr  string
+		horizon   time.Duration
+		batch     int
+		workers   int
+		grace     time.Duration
+		retention time.Duration
+		noScan    bool
+		noClean   bool
+		drain     time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the relay, the scanner and the cleaner, with metrics and health over HTTP",
+		Long: `run is the daemon: it publishes pending tasks to the broker (relay), publishes
+again what a broker lost (scanner), deletes finished tasks past their retention
+(cleaner), and serves HTTP on --http:
+
+  /metrics  Prometheus metrics: outbox backlog by state and topic, relay publish
+            rate and latency, rescues, dead tasks. Labels hold topics and states
+            only, never keys, payloads or connection settings.
+  /healthz  200 while the process runs.
+  /readyz   200 when the database answers a ping and the broker accepts a TCP
+            connection, 503 otherwise.
+
+It binds to loopback by default; expose it only behind your own access control.
+SIGTERM or SIGINT stops taking work, lets the current batches finish or roll
+back (up to --drain) and exits 0.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			db, err := a.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			cl, err := bf.open(ctx, a, false)
+			if err != nil {
+				return err
+			}
+			defer cl.close()
+			m := newMetrics(db, grace, a.log)
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Horizon: horizon, Hooks: m.relayHooks(), Logger: a.log})
+			if err != nil {
+				return err
+			}
+			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, Hooks: m.scannerHooks(), Logger: a.log})
+			if err != nil {
+				return err
+			}
+			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Logger: a.log})
+
+			ln, err := net.Listen("tcp", httpAddr)
+			if err != nil {
+				return fmt.Errorf("--http %s: %w", httpAddr, err)
+			}
+			srv := &http.Server{Handler: a.httpHandler(m, db, cl.addr), ReadHeaderTimeout: 5 * time.Second}
+			a.log.Info("delaybridge run: started", "broker", bf.kind, "mode", bf.mode(), "http", ln.Addr().String(),
+				"limits_max_hop", cl.pub.Limits().MaxHop, "database", redactDSN(a.mysqlDSN))
+			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.kind, bf.mode(), ln.Addr())
+
+			var wg sync.WaitGroup
+			work, stopWork := context.WithCancel(context.Background())
+			defer stopWork()
+			start := func(f func(context.Context) error) {
+				wg.Add(1)
+				go func() { defer wg.Done(); _ = f(work) }()
+			}
+			start(relay.Run)
+			if !noScan {
+				start(sc.Run)
+			}
+			if !noClean {
+				start(cleaner.Run)
+			}
+			httpErr := make(chan error, 1)
+			go func() { httpErr <- srv.Serve(ln) }()
+
+			select {
+			case <-ctx.Done():
+				a.log.Info("delaybridge run: stopping")
+			case err := <-httpErr:
+				a.log.Error("delaybridge run: http server failed", "err", err)
+			}
+			stopWork()
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(drain):
+				a.log.Warn("delaybridge run: components still busy after the drain timeout", "drain", drain)
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			fmt.Fprintln(a.stdout, "delaybridge stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	bf.register(f)
+	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
+	f.DurationVar(&horizon, "horizon", 0, "publish only tasks due within this window (0 = all pending tasks)")
+	f.IntVar(&batch, "batch", 500, "rows one relay claim takes")
+	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
+	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
+	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
+	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
+	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
+	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
+	return cmd
+}
+
+// httpHandler serves metrics and health.
+func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		var problems []error
+		if err := db.PingContext(ctx); err != nil {
+			problems = append(problems, fmt.Errorf("database: %w", scrub(err, a.mysqlDSN)))
+		}
+		if brokerAddr != "" {
+			d := net.Dialer{Timeout: 3 * time.Second}
+			if c, err := d.DialContext(ctx, "tcp", brokerAddr); err != nil {
+				problems = append(problems, fmt.Errorf("broker %s: %w", brokerAddr, err))
+			} else {
+				c.Close()
+			}
+		}
+		if err := errors.Join(problems...); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
