@@ -3,6 +3,7 @@ package rabbit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,32 +16,32 @@ import (
 func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	topo := topology{cfg: Config{Prefix: "p", Unit: 250 * time.Millisecond, Depth: 4}}
 	for _, c := range []struct {
-		delay    time.Duration
-		exchange string
-		key      string
+		delay time.Duration
+		queue string
+		cc    string
 	}{
-		{0, "p.deliver", "0.0.0.0.t"},
-		{249 * time.Millisecond, "p.deliver", "0.0.0.0.t"},
-		{250 * time.Millisecond, "p.ladder.0", "0.0.0.1.t"},
-		{499 * time.Millisecond, "p.ladder.0", "0.0.0.1.t"},
-		{1250 * time.Millisecond, "p.ladder.2", "0.1.0.1.t"},
-		{2 * time.Second, "p.ladder.3", "1.0.0.0.t"},
-		{3750 * time.Millisecond, "p.ladder.3", "1.1.1.1.t"},
-		{time.Hour, "p.ladder.3", "1.1.1.1.t"}, // capped at the top
+		{0, "p.q.t", ""},
+		{249 * time.Millisecond, "p.q.t", ""},
+		{250 * time.Millisecond, "p.delay.0", "~.0.0.0.1.t"},
+		{499 * time.Millisecond, "p.delay.0", "~.0.0.0.1.t"},
+		{1250 * time.Millisecond, "p.delay.2", "~.0.1.0.1.t"},
+		{2 * time.Second, "p.delay.3", "~.1.0.0.0.t"},
+		{3750 * time.Millisecond, "p.delay.3", "~.1.1.1.1.t"},
+		{time.Hour, "p.delay.3", "~.1.1.1.1.t"}, // capped at the top
 	} {
-		x, k := topo.ladderRoute(c.delay, "t")
-		if x != c.exchange || k != c.key {
-			t.Errorf("ladderRoute(%v) = %s %s, want %s %s", c.delay, x, k, c.exchange, c.key)
+		q, cc := topo.ladderRoute(c.delay, "t")
+		if q != c.queue || cc != c.cc {
+			t.Errorf("ladderRoute(%v) = %s %s, want %s %s", c.delay, q, cc, c.queue, c.cc)
 		}
 	}
 }
 
 func TestLadder_EachLevelBindsItsBitToItsQueueAndZeroOnward(t *testing.T) {
 	topo := topology{cfg: Config{Prefix: "p", Unit: time.Second, Depth: 3}}
-	if got := topo.bitPattern(2, "1"); got != "1.#" {
+	if got := topo.bitPattern(2, "1"); got != "~.1.#" {
 		t.Errorf("top level pattern %q", got)
 	}
-	if got := topo.bitPattern(0, "0"); got != "*.*.0.#" {
+	if got := topo.bitPattern(0, "0"); got != "~.*.*.0.#" {
 		t.Errorf("bottom level pattern %q", got)
 	}
 	if topo.nextExchange(0) != "p.deliver" || topo.nextExchange(2) != "p.ladder.1" {
@@ -212,8 +213,8 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 	if !ok {
 		t.Fatal("the unroutable message is not in the parking queue")
 	}
-	if string(p.Body) != "lost" || !strings.HasSuffix(p.RoutingKey, ".ghost") {
-		t.Errorf("parked %q with key %q", p.Body, p.RoutingKey)
+	if string(p.Body) != "lost" || !strings.HasSuffix(fmt.Sprint(p.Headers["CC"]), ".ghost]") {
+		t.Errorf("parked %q with CC %v", p.Body, p.Headers["CC"])
 	}
 	_ = p.Ack(false)
 }

@@ -180,7 +180,11 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 		}
 		return o
 	}
-	o.exchange, o.key = p.topo.ladderRoute(d, m.Topic)
+	var cc string
+	o.key, cc = p.topo.ladderRoute(d, m.Topic)
+	if cc != "" {
+		h["CC"] = []any{cc}
+	}
 	o.mandatory = true
 	return o
 }

@@ -258,3 +258,9 @@ func TestLadder_MessagesInLevelsSurviveBrokerRestart(t *testing.T) {
 	got.waitAll(t, keys, 120*time.Second)
 	got.checkNeverEarly(t, msgs)
 }
+
+// execRabbitmqctl runs rabbitmqctl without a test to fail.
+func execRabbitmqctl(args ...string) (string, error) {
+	out, err := exec.Command(rabbitmqctl(), args...).CombinedOutput()
+	return string(out), err
+}

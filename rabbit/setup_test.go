@@ -19,7 +19,7 @@ const (
 
 // bundle is what a test against the real broker needs.
 type bundle struct {
-	t   *testing.T
+	tb  testing.TB
 	cfg Config
 	mu  sync.Mutex
 	top map[string]bool // topics whose queues to delete at cleanup
@@ -31,7 +31,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	url := testenv.AMQP(t)
 	prefix := testenv.Name("dbtest")
-	b := &bundle{t: t, top: map[string]bool{}, cfg: Config{
+	b := &bundle{tb: t, top: map[string]bool{}, cfg: Config{
 		URL: url, Prefix: prefix, Unit: testUnit, Depth: testDepth,
 		ConnectionName: prefix, ReconnectMax: time.Second,
 	}}
@@ -81,7 +81,7 @@ func (b *bundle) channel(t *testing.T) *amqp.Channel {
 func (b *bundle) deleteTopology() {
 	conn, err := amqp.Dial(b.cfg.URL)
 	if err != nil {
-		b.t.Logf("cleanup: dial: %v", err)
+		b.tb.Logf("cleanup: dial: %v", err)
 		return
 	}
 	defer conn.Close()
