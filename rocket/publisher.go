@@ -66,6 +66,9 @@ type Publisher struct {
 	mu       sync.RWMutex
 	closed   bool
 	inflight sync.WaitGroup
+
+	routesMu sync.Mutex
+	routed   map[string]chan struct{} // closed once a first send to the topic returned
 }
 
 // Property names the publisher sets besides the envelope.
@@ -73,6 +76,11 @@ const (
 	propTimerDelayMS = "TIMER_DELAY_MS"
 	propDelayLevel   = primitive.PropertyDelayTimeLevel
 	propKeys         = primitive.PropertyKeys
+	// propEmptyBody marks a message whose payload is empty. The broker
+	// cannot store an empty body (it fails with a NullPointerException,
+	// code 1), so such a message travels with one zero byte that the
+	// subscriber drops again.
+	propEmptyBody = "DELAYBRIDGE_EMPTY_BODY"
 )
 
 // NewPublisher starts a producer on cfg.NameServers. Close it with Close.
@@ -95,7 +103,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if err := prod.Start(); err != nil {
 		return nil, fmt.Errorf("rocket: start producer: %w", err)
 	}
-	return &Publisher{cfg: cfg, prod: prod, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}, nil
+	return &Publisher{cfg: cfg, prod: prod, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}, nil
 }
 
 // Limits returns the configured limits.
@@ -188,11 +196,16 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	props[propKeys] = m.Key
 	hop := p.cfg.Limits.Plan(p.now(), m.DeliverAt)
 	setHop(props, hop)
-	msg := primitive.NewMessage(m.Topic, m.Payload)
+	body := m.Payload
+	if len(body) == 0 {
+		body = []byte{0}
+		props[propEmptyBody] = "1"
+	}
+	msg := primitive.NewMessage(m.Topic, body)
 	msg.WithProperties(props)
-	res, err := p.prod.SendSync(ctx, msg)
+	res, err := p.sendSync(ctx, msg)
 	if err != nil {
-		return classify(err, hop.Delay, p.cfg.Limits.MaxHop)
+		return classify(err, hop.Delay.Truncate(time.Millisecond), p.cfg.Limits.MaxHop)
 	}
 	if res.Status != primitive.SendOK {
 		// Stored on the master but not flushed or replicated in time: report
@@ -202,6 +215,48 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	}
 	return nil
 }
+
+// sendSync sends msg. The client looks a topic's route up on its first
+// send, and concurrent first sends race inside it: some fail at once with
+// "route info not found". So the first send to a topic goes alone and the
+// others wait for it; a send that still finds no route (the broker was
+// restarting, say) is tried again a few times.
+func (p *Publisher) sendSync(ctx context.Context, msg *primitive.Message) (*primitive.SendResult, error) {
+	p.routesMu.Lock()
+	ready, seen := p.routed[msg.Topic]
+	if !seen {
+		ready = make(chan struct{})
+		p.routed[msg.Topic] = ready
+	}
+	p.routesMu.Unlock()
+	if seen {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	} else {
+		defer close(ready)
+	}
+	for attempt := 0; ; attempt++ {
+		res, err := p.prod.SendSync(ctx, msg)
+		if err == nil || attempt == routeRetries || !strings.Contains(err.Error(), "route info not found") {
+			return res, err
+		}
+		t := time.NewTimer(routeRetryPause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+	}
+}
+
+const (
+	routeRetries    = 5
+	routeRetryPause = 200 * time.Millisecond
+)
 
 // setHop adds the delay property of hop to props: TIMER_DELAY_MS in timer
 // mode, DELAY in level mode, nothing for a hop without delay.

@@ -154,6 +154,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 	return sub.out, nil
 }
 
+// rebalanceSettle is how long shutdown lets a rebalance under way finish
+// before it closes the client.
+const rebalanceSettle = 200 * time.Millisecond
+
 // maxReconsumeTimes keeps the broker from moving a message the runtime
 // gave back many times to its %DLQ% topic.
 const maxReconsumeTimes = 10000
@@ -229,9 +233,13 @@ func retryLater(ctx context.Context) consumer.ConsumeResult {
 // subscription stops. It reports whether m was acked.
 func (s *subscription) deliver(m *primitive.MessageExt) bool {
 	props := m.GetProperties()
+	body := m.Body
+	if props[propEmptyBody] == "1" {
+		body = nil
+	}
 	a := &acker{result: make(chan bool, 1)}
-	d := &broker.Delivery{Headers: props, Body: m.Body, Acker: a}
-	d.Message, d.Err = broker.Decode(props, m.Body)
+	d := &broker.Delivery{Headers: props, Body: body, Acker: a}
+	d.Message, d.Err = broker.Decode(props, body)
 	select {
 	case s.out <- d:
 	case <-s.stop:
@@ -258,12 +266,14 @@ func (s *subscription) shutdown() {
 	s.mu.Unlock()
 	s.callbacks.Wait()
 	close(s.out)
-	// Shutdown unregisters the consumer, and the broker answers by telling
-	// the group to rebalance, this consumer included. A rebalance running
-	// while Shutdown closes the client races with it inside the client
-	// (rmqClient.close is a plain bool); a suspended consumer skips the
-	// rebalance.
+	// The broker tells every consumer of the group to rebalance whenever
+	// one joins or leaves, this one included (also when Shutdown
+	// unregisters it). A rebalance running while Shutdown closes the client
+	// races with it inside the client (rmqClient.close is a plain bool, read
+	// by every request). A suspended consumer skips new rebalances; the
+	// pause lets one already under way finish its few requests.
 	s.pc.Suspend()
+	time.Sleep(rebalanceSettle)
 	if err := s.pc.Shutdown(); err != nil {
 		s.shutdownErr = fmt.Errorf("rocket: shut down consumer for %s: %w", s.topic, err)
 		s.log.Warn("rocket: consumer shutdown failed", "topic", s.topic, "err", err)
