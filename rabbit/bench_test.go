@@ -144,7 +144,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 
 // BenchmarkLateness runs the consumer runtime with a no-op handler over the
 // default ladder while messages come due at a steady rate, each published
-// 5s ahead (50 units: three hops through levels 5, 4 and 1), and reports
+// 5s ahead (less the 200ms lead, 47 to 48 units: two to five levels), and reports
 // lateness (handled − due) percentiles and the number handled early.
 // DELAYBRIDGE_BENCH_SECONDS (default 60) and DELAYBRIDGE_BENCH_RATE
 // (default 1000/s) shape the run; run it once:

@@ -34,13 +34,13 @@ func toTable(h map[string]string) amqp.Table {
 
 // fromTable turns the headers of a delivery into strings. Envelope headers
 // must be strings; one that is not makes an *broker.EnvelopeError. Other
-// scalar headers are formatted; tables and arrays (x-death and the like)
-// and the dead-letter headers are left out.
+// scalar headers are formatted; tables and arrays (x-death and the like),
+// the dead-letter headers and the ladder's bit headers are left out.
 func fromTable(t amqp.Table) (map[string]string, error) {
 	h := make(map[string]string, len(t))
 	var bad error
 	for k, v := range t {
-		if isDeathHeader(k) {
+		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") {
 			continue
 		}
 		if s, ok := v.(string); ok {

@@ -3,7 +3,7 @@ package rabbit
 import (
 	"fmt"
 	"math/bits"
-	"strings"
+	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -13,26 +13,27 @@ import (
 //
 // Level k (0 ≤ k < Depth) is a quorum queue <prefix>.delay.<k> whose one
 // queue-wide TTL is Unit × 2^k, so within a level expiry order is arrival
-// order and nothing blocks behind a longer delay. A delay of n units travels
-// with the routing key "~.b(Depth−1). … .b1.b0.<topic>", n's bits most
-// significant first. Each level has a topic exchange <prefix>.ladder.<k>
-// that routes a key with a 1 in its position to its queue and a 0 to the
-// next level's exchange; the queue dead-letters (at-least-once, keeping the
-// message's routing keys) to that same next exchange. Below level 0 is the
-// delivery exchange <prefix>.deliver, which routes "~.#.<topic>" to the
-// topic's consumer queue <prefix>.q.<topic>; what it cannot route goes
-// through its alternate exchange to the parking queue <prefix>.parked, so an
-// unroutable message never stalls the level queue that dead-lettered it.
+// order and nothing blocks behind a longer delay. A delay of n units, with
+// highest set bit top, is published through the default exchange straight
+// into <prefix>.delay.<top>, carrying one header per level at or below top,
+// dlbl-<k> = "1" or "0", n's bits, and the topic as a second routing key in
+// the CC header. Each queue dead-letters (at-least-once, keeping the
+// message's routing keys) to the next level's headers exchange
+// <prefix>.ladder.<k−1>, which routes dlbl-<k−1>=1 to its queue and
+// dlbl-<k−1>=0 on to the exchange below it. Below level 0 is the direct
+// delivery exchange <prefix>.deliver, which routes the topic key to the
+// topic's consumer queue <prefix>.q.<topic> (the queue-name key matches no
+// topic: names contain '.', topics cannot). What it cannot route goes
+// through its alternate exchange to the parking queue <prefix>.parked, so
+// an unroutable message never stalls the level queue that dead-lettered it.
+// A message spends exactly Unit × n in level queues.
 //
-// Matching a long key against "*.*.1.#" patterns costs the publishing
-// channel more than the quorum queue write (measured: it halved the
-// confirmed publish rate), so a publish skips it: it goes through the
-// default exchange straight to the queue of n's highest set bit, carrying
-// the bits key in the CC header. RabbitMQ dead-letters with every routing
-// key the message was published with, CC included, so from then on the
-// bits key steers it; the queue-name key matches no pattern, because every
-// pattern starts with "~", which no name may contain. A message spends
-// exactly Unit × n in level queues.
+// Why headers and not a routing key spelling the bits matched by "*.*.1.#"
+// topic patterns: matching a key of Depth words costs RabbitMQ a trie walk
+// per exchange, on the publishing channel and in each queue's single
+// dead-letter worker. Measured on the test box, it halved the confirmed
+// publish rate and left a three-hop chain unable to keep up with 1,000
+// messages/s; a headers exchange with two bindings compares a few headers.
 
 // topology names and declares the exchanges and queues of one prefix.
 type topology struct {
@@ -49,7 +50,8 @@ func (t topology) topicQueue(topic string) string {
 	return t.cfg.Prefix + ".q." + topic
 }
 
-// nextExchange is where level k sends what leaves it.
+// nextExchange is where level k sends what leaves it, and where level
+// k's exchange sends a message whose bit k is 0.
 func (t topology) nextExchange(k int) string {
 	if k == 0 {
 		return t.deliveryExchange()
@@ -57,13 +59,18 @@ func (t topology) nextExchange(k int) string {
 	return t.levelExchange(k - 1)
 }
 
-// bitPattern matches routing keys whose word for level k is bit.
-func (t topology) bitPattern(k int, bit string) string {
-	return "~." + strings.Repeat("*.", t.cfg.Depth-1-k) + bit + ".#"
+// bitHeader names the header that carries a message's bit for level k.
+func bitHeader(k int) string { return "dlbl-" + strconv.Itoa(k) }
+
+// bitArgs are the arguments of a headers binding that matches bit on level k.
+func bitArgs(k int, bit string) amqp.Table {
+	return amqp.Table{"x-match": "all", bitHeader(k): bit}
 }
 
-// units rounds d down to whole units, capped at the ladder's top.
+// units takes the lead off d and rounds it down to whole units, capped at
+// the ladder's top.
 func (t topology) units(d time.Duration) uint64 {
+	d -= max(t.cfg.Lead, 0)
 	if d <= 0 {
 		return 0
 	}
@@ -74,32 +81,21 @@ func (t topology) units(d time.Duration) uint64 {
 	return n
 }
 
-// routingKey spells n in Depth bits, most significant first, then the topic.
-func (t topology) routingKey(n uint64, topic string) string {
-	var b strings.Builder
-	b.Grow(2 + 2*t.cfg.Depth + len(topic))
-	b.WriteString("~.")
-	for k := t.cfg.Depth - 1; k >= 0; k-- {
-		if n>>k&1 == 1 {
-			b.WriteString("1.")
-		} else {
-			b.WriteString("0.")
-		}
-	}
-	b.WriteString(topic)
-	return b.String()
-}
-
-// ladderRoute returns how to publish a message of topic delayed by d: to
-// the queue of the highest set bit of d in units through the default
-// exchange, with the bits key to put in the CC header; or, for less than one
-// unit, straight to the topic's queue with no CC.
-func (t topology) ladderRoute(d time.Duration, topic string) (queue, cc string) {
+// ladderRoute says how to publish a message of topic delayed by d: to
+// queue through the default exchange, with the bit headers of every level
+// at or below the entry level, and with the topic as a CC routing key. For
+// less than one unit it goes straight to the topic's queue, with no bits.
+func (t topology) ladderRoute(d time.Duration, topic string) (queue string, bitHeaders map[string]string) {
 	n := t.units(d)
 	if n == 0 {
-		return t.topicQueue(topic), ""
+		return t.topicQueue(topic), nil
 	}
-	return t.levelQueue(bits.Len64(n) - 1), t.routingKey(n, topic)
+	top := bits.Len64(n) - 1
+	bitHeaders = make(map[string]string, top+1)
+	for k := 0; k <= top; k++ {
+		bitHeaders[bitHeader(k)] = strconv.FormatUint(n>>k&1, 10)
+	}
+	return t.levelQueue(top), bitHeaders
 }
 
 // quorum returns the arguments of a quorum queue plus extra.
@@ -134,16 +130,16 @@ func (t topology) declareLadder(ch *amqp.Channel) error {
 	}
 	for k := 0; k < t.cfg.Depth; k++ {
 		x, q := t.levelExchange(k), t.levelQueue(k)
-		if err := ch.ExchangeDeclare(x, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		if err := ch.ExchangeDeclare(x, amqp.ExchangeHeaders, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("rabbit: declare exchange %s: %w", x, err)
 		}
 		if _, err := ch.QueueDeclare(q, true, false, false, false, t.levelArgs(k)); err != nil {
 			return fmt.Errorf("rabbit: declare ladder queue %s (an existing queue with other arguments needs deleting first): %w", q, err)
 		}
-		if err := ch.QueueBind(q, t.bitPattern(k, "1"), x, false, nil); err != nil {
+		if err := ch.QueueBind(q, "", x, false, bitArgs(k, "1")); err != nil {
 			return fmt.Errorf("rabbit: bind %s to %s: %w", q, x, err)
 		}
-		if err := ch.ExchangeBind(t.nextExchange(k), t.bitPattern(k, "0"), x, false, nil); err != nil {
+		if err := ch.ExchangeBind(t.nextExchange(k), "", x, false, bitArgs(k, "0")); err != nil {
 			return fmt.Errorf("rabbit: bind %s to %s: %w", t.nextExchange(k), x, err)
 		}
 	}
@@ -163,7 +159,7 @@ func (t topology) declareDelivery(ch *amqp.Channel) error {
 		return fmt.Errorf("rabbit: bind %s to %s: %w", pq, px, err)
 	}
 	dx := t.deliveryExchange()
-	if err := ch.ExchangeDeclare(dx, amqp.ExchangeTopic, true, false, false, false, amqp.Table{"alternate-exchange": px}); err != nil {
+	if err := ch.ExchangeDeclare(dx, amqp.ExchangeDirect, true, false, false, false, amqp.Table{"alternate-exchange": px}); err != nil {
 		return fmt.Errorf("rabbit: declare exchange %s: %w", dx, err)
 	}
 	return nil
@@ -184,7 +180,7 @@ func (t topology) declareTopic(ch *amqp.Channel, topic string) error {
 	if _, err := ch.QueueDeclare(q, true, false, false, false, quorum(nil)); err != nil {
 		return fmt.Errorf("rabbit: declare queue %s: %w", q, err)
 	}
-	x, key := t.deliveryExchange(), "~.#."+topic
+	x, key := t.deliveryExchange(), topic
 	if t.cfg.Mode == ModeDelayedExchange {
 		x, key = t.delayedExchange(), topic
 	}

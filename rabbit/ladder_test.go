@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,37 +17,46 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	for _, c := range []struct {
 		delay time.Duration
 		queue string
-		cc    string
+		bits  string // dlbl-<top> … dlbl-0
 	}{
 		{0, "p.q.t", ""},
 		{249 * time.Millisecond, "p.q.t", ""},
-		{250 * time.Millisecond, "p.delay.0", "~.0.0.0.1.t"},
-		{499 * time.Millisecond, "p.delay.0", "~.0.0.0.1.t"},
-		{1250 * time.Millisecond, "p.delay.2", "~.0.1.0.1.t"},
-		{2 * time.Second, "p.delay.3", "~.1.0.0.0.t"},
-		{3750 * time.Millisecond, "p.delay.3", "~.1.1.1.1.t"},
-		{time.Hour, "p.delay.3", "~.1.1.1.1.t"}, // capped at the top
+		{250 * time.Millisecond, "p.delay.0", "1"},
+		{499 * time.Millisecond, "p.delay.0", "1"},
+		{1250 * time.Millisecond, "p.delay.2", "101"},
+		{2 * time.Second, "p.delay.3", "1000"},
+		{3750 * time.Millisecond, "p.delay.3", "1111"},
+		{time.Hour, "p.delay.3", "1111"}, // capped at the top
 	} {
-		q, cc := topo.ladderRoute(c.delay, "t")
-		if q != c.queue || cc != c.cc {
-			t.Errorf("ladderRoute(%v) = %s %s, want %s %s", c.delay, q, cc, c.queue, c.cc)
+		q, h := topo.ladderRoute(c.delay, "t")
+		got := ""
+		for k := len(h) - 1; k >= 0; k-- {
+			got += h[bitHeader(k)]
 		}
+		if q != c.queue || got != c.bits || len(h) != len(c.bits) {
+			t.Errorf("ladderRoute(%v) = %s %v, want %s bits %s", c.delay, q, h, c.queue, c.bits)
+		}
+	}
+	// With a lead the message leaves that much earlier, then rounds down.
+	topo.cfg.Lead = 100 * time.Millisecond
+	if q, h := topo.ladderRoute(600*time.Millisecond, "t"); q != "p.delay.1" || h["dlbl-1"] != "1" || h["dlbl-0"] != "0" {
+		t.Errorf("ladderRoute(600ms) with a 100ms lead = %s %v, want 2 units", q, h)
+	}
+	if q, _ := topo.ladderRoute(340*time.Millisecond, "t"); q != "p.q.t" {
+		t.Errorf("ladderRoute(340ms) with a 100ms lead = %s, want straight to the topic queue", q)
 	}
 }
 
 func TestLadder_EachLevelBindsItsBitToItsQueueAndZeroOnward(t *testing.T) {
 	topo := topology{cfg: Config{Prefix: "p", Unit: time.Second, Depth: 3}}
-	if got := topo.bitPattern(2, "1"); got != "~.1.#" {
-		t.Errorf("top level pattern %q", got)
-	}
-	if got := topo.bitPattern(0, "0"); got != "~.*.*.0.#" {
-		t.Errorf("bottom level pattern %q", got)
+	if got := bitArgs(2, "1"); got["x-match"] != "all" || got["dlbl-2"] != "1" || len(got) != 2 {
+		t.Errorf("level 2 queue binding %v", got)
 	}
 	if topo.nextExchange(0) != "p.deliver" || topo.nextExchange(2) != "p.ladder.1" {
 		t.Errorf("next exchanges %s %s", topo.nextExchange(0), topo.nextExchange(2))
 	}
 	args := topo.levelArgs(2)
-	if args["x-message-ttl"] != int64(4000) || args["x-dead-letter-strategy"] != "at-least-once" || args["x-overflow"] != "reject-publish" || args["x-queue-type"] != "quorum" {
+	if args["x-message-ttl"] != int64(4000) || args["x-dead-letter-exchange"] != "p.ladder.1" || args["x-dead-letter-strategy"] != "at-least-once" || args["x-overflow"] != "reject-publish" || args["x-queue-type"] != "quorum" {
 		t.Errorf("level 2 args %v", args)
 	}
 }
@@ -62,7 +70,7 @@ func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
 		t.Errorf("top level TTL %v exceeds %v", top, MaxLevelTTL)
 	}
 	l := cfg.limits()
-	if l.MaxHop != LadderMaxHop(DefaultUnit, DefaultDepth) || l.Precision != DefaultUnit {
+	if l.MaxHop != LadderMaxHop(DefaultUnit, DefaultDepth) || l.Precision != DefaultUnit+DefaultLead {
 		t.Errorf("limits %+v", l)
 	}
 	if l.MaxHop < 77*24*time.Hour {
@@ -88,7 +96,7 @@ func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
 	if !errors.As(err, &ee) || ee.Header != broker.HeaderKey {
 		t.Fatalf("err = %v, want an EnvelopeError on %s", err, broker.HeaderKey)
 	}
-	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q"})
+	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q", "dlbl-0": "1"})
 	if err != nil || h["n"] != "3" || len(h) != 1 {
 		t.Errorf("fromTable = %v, %v", h, err)
 	}
@@ -133,8 +141,8 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 	ch := b.channel(t)
 	ctx := context.Background()
 
-	// One whole unit and a bit: rounded down, it enters level 0.
-	m := &broker.Message{Topic: topic, Key: "k", Payload: []byte("p"), DeliverAt: broker.MillisUTC(time.Now().Add(testUnit + 100*time.Millisecond))}
+	// The lead, one whole unit and a bit: rounded down, it enters level 0.
+	m := &broker.Message{Topic: topic, Key: "k", Payload: []byte("p"), DeliverAt: broker.MillisUTC(time.Now().Add(DefaultLead + testUnit + 100*time.Millisecond))}
 	if err := pub.Publish(ctx, m); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
@@ -160,7 +168,7 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 
 	// Through the same level again, as the runtime's hop would send it.
 	got.Hop++
-	got.DeliverAt = broker.MillisUTC(time.Now().Add(testUnit + 100*time.Millisecond))
+	got.DeliverAt = broker.MillisUTC(time.Now().Add(DefaultLead + testUnit + 100*time.Millisecond))
 	if err := pub.Publish(ctx, got); err != nil {
 		t.Fatalf("re-Publish: %v", err)
 	}
@@ -194,7 +202,7 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
-	due := broker.MillisUTC(time.Now().Add(2 * testUnit))
+	due := broker.MillisUTC(time.Now().Add(DefaultLead + 2*testUnit))
 	lost := &broker.Message{Topic: "ghost", Key: "lost", Payload: []byte("lost"), DeliverAt: due}
 	good := &broker.Message{Topic: "good", Key: "behind", DeliverAt: due}
 	if err := pub.Publish(ctx, lost, good); err != nil {
@@ -213,7 +221,7 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 	if !ok {
 		t.Fatal("the unroutable message is not in the parking queue")
 	}
-	if string(p.Body) != "lost" || !strings.HasSuffix(fmt.Sprint(p.Headers["CC"]), ".ghost]") {
+	if string(p.Body) != "lost" || fmt.Sprint(p.Headers["CC"]) != "[ghost]" {
 		t.Errorf("parked %q with CC %v", p.Body, p.Headers["CC"])
 	}
 	_ = p.Ack(false)

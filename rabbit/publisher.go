@@ -99,7 +99,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 }
 
 // Limits returns what one hop may do: in ladder mode MaxHop is Unit ×
-// (2^Depth − 1) and Precision is Unit.
+// (2^Depth − 1) and Precision is Unit + Lead.
 func (p *Publisher) Limits() broker.Limits { return p.limits }
 
 // Close stops the Publisher, fails what is still unconfirmed with
@@ -180,10 +180,13 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 		}
 		return o
 	}
-	var cc string
-	o.key, cc = p.topo.ladderRoute(d, m.Topic)
-	if cc != "" {
-		h["CC"] = []any{cc}
+	var bitHeaders map[string]string
+	o.key, bitHeaders = p.topo.ladderRoute(d, m.Topic)
+	if bitHeaders != nil {
+		for k, v := range bitHeaders {
+			h[k] = v
+		}
+		h["CC"] = []any{m.Topic}
 	}
 	o.mandatory = true
 	return o
