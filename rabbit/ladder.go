@@ -15,7 +15,7 @@ import (
 // queue-wide TTL is Unit × 2^k, so within a level expiry order is arrival
 // order and nothing blocks behind a longer delay. A delay of n units, with
 // highest set bit top, is published through the default exchange straight
-// into <prefix>.delay.<top>, carrying one header per level at or below top,
+// into <prefix>.delay.<top>, carrying one header per level below top,
 // dlbl-<k> = "1" or "0", n's bits, and the topic as a second routing key in
 // the CC header. Each queue dead-letters (at-least-once, keeping the
 // message's routing keys) to the next level's headers exchange
@@ -82,20 +82,23 @@ func (t topology) units(d time.Duration) uint64 {
 }
 
 // ladderRoute says how to publish a message of topic delayed by d: to
-// queue through the default exchange, with the bit headers of every level
-// at or below the entry level, and with the topic as a CC routing key. For
-// less than one unit it goes straight to the topic's queue, with no bits.
-func (t topology) ladderRoute(d time.Duration, topic string) (queue string, bitHeaders map[string]string) {
-	n := t.units(d)
+// queue through the default exchange. When n, the delay in units, is not
+// zero, queue is the entry level's and the message needs setBits and the
+// topic as a CC routing key; for less than one unit it is the topic's queue.
+func (t topology) ladderRoute(d time.Duration, topic string) (queue string, n uint64) {
+	n = t.units(d)
 	if n == 0 {
-		return t.topicQueue(topic), nil
+		return t.topicQueue(topic), 0
 	}
-	top := bits.Len64(n) - 1
-	bitHeaders = make(map[string]string, top+1)
-	for k := 0; k <= top; k++ {
-		bitHeaders[bitHeader(k)] = strconv.FormatUint(n>>k&1, 10)
+	return t.levelQueue(bits.Len64(n) - 1), n
+}
+
+// setBits writes n's bit headers for every level below its entry level,
+// which is reached by queue name and needs none.
+func setBits(h amqp.Table, n uint64) {
+	for k := 0; k < bits.Len64(n)-1; k++ {
+		h[bitHeader(k)] = strconv.FormatUint(n>>k&1, 10)
 	}
-	return t.levelQueue(top), bitHeaders
 }
 
 // quorum returns the arguments of a quorum queue plus extra.

@@ -17,21 +17,23 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	for _, c := range []struct {
 		delay time.Duration
 		queue string
-		bits  string // dlbl-<top> … dlbl-0
+		bits  string // dlbl-<top−1> … dlbl-0; the entry level needs none
 	}{
 		{0, "p.q.t", ""},
 		{249 * time.Millisecond, "p.q.t", ""},
-		{250 * time.Millisecond, "p.delay.0", "1"},
-		{499 * time.Millisecond, "p.delay.0", "1"},
-		{1250 * time.Millisecond, "p.delay.2", "101"},
-		{2 * time.Second, "p.delay.3", "1000"},
-		{3750 * time.Millisecond, "p.delay.3", "1111"},
-		{time.Hour, "p.delay.3", "1111"}, // capped at the top
+		{250 * time.Millisecond, "p.delay.0", ""},
+		{499 * time.Millisecond, "p.delay.0", ""},
+		{1250 * time.Millisecond, "p.delay.2", "01"},
+		{2 * time.Second, "p.delay.3", "000"},
+		{3750 * time.Millisecond, "p.delay.3", "111"},
+		{time.Hour, "p.delay.3", "111"}, // capped at the top
 	} {
-		q, h := topo.ladderRoute(c.delay, "t")
+		q, n := topo.ladderRoute(c.delay, "t")
+		h := amqp.Table{}
+		setBits(h, n)
 		got := ""
 		for k := len(h) - 1; k >= 0; k-- {
-			got += h[bitHeader(k)]
+			got += fmt.Sprint(h[bitHeader(k)])
 		}
 		if q != c.queue || got != c.bits || len(h) != len(c.bits) {
 			t.Errorf("ladderRoute(%v) = %s %v, want %s bits %s", c.delay, q, h, c.queue, c.bits)
@@ -39,8 +41,8 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	}
 	// With a lead the message leaves that much earlier, then rounds down.
 	topo.cfg.Lead = 100 * time.Millisecond
-	if q, h := topo.ladderRoute(600*time.Millisecond, "t"); q != "p.delay.1" || h["dlbl-1"] != "1" || h["dlbl-0"] != "0" {
-		t.Errorf("ladderRoute(600ms) with a 100ms lead = %s %v, want 2 units", q, h)
+	if q, n := topo.ladderRoute(600*time.Millisecond, "t"); q != "p.delay.1" || n != 2 {
+		t.Errorf("ladderRoute(600ms) with a 100ms lead = %s %d, want 2 units", q, n)
 	}
 	if q, _ := topo.ladderRoute(340*time.Millisecond, "t"); q != "p.q.t" {
 		t.Errorf("ladderRoute(340ms) with a 100ms lead = %s, want straight to the topic queue", q)

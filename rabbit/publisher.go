@@ -180,12 +180,10 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 		}
 		return o
 	}
-	var bitHeaders map[string]string
-	o.key, bitHeaders = p.topo.ladderRoute(d, m.Topic)
-	if bitHeaders != nil {
-		for k, v := range bitHeaders {
-			h[k] = v
-		}
+	var n uint64
+	o.key, n = p.topo.ladderRoute(d, m.Topic)
+	if n > 0 {
+		setBits(h, n)
 		h["CC"] = []any{m.Topic}
 	}
 	o.mandatory = true
