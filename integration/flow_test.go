@@ -1,0 +1,337 @@
+package integration
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// flow is a scratch database with an orders table and the outbox.
+type flow struct {
+	db    *sql.DB
+	topic string
+	ctx   context.Context
+
+	mu      sync.Mutex
+	handled map[string]time.Time // first successful Handle per key
+	runs    atomic.Int64
+}
+
+func newFlow(t *testing.T) *flow {
+	t.Helper()
+	db, _ := testenv.ScratchDB(t)
+	ctx := context.Background()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE orders (id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL,
+  effects INT NOT NULL DEFAULT 0, paid INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
+		t.Fatal(err)
+	}
+	return &flow{db: db, ctx: ctx, topic: testenv.Name("flow"), handled: map[string]time.Time{}}
+}
+
+// order writes an unpaid order and its cancellation task in one transaction.
+func (f *flow) order(t *testing.T, id string, due time.Time) {
+	t.Helper()
+	tx, err := f.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if _, err := tx.Exec("INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Schedule(f.ctx, tx, outbox.Task{Topic: f.topic, Key: id, DueAt: due}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// handler cancels the order if unpaid, counting every applied effect, and
+// fails the test when it runs before the task is due.
+func (f *flow) handler(t *testing.T) broker.Handler {
+	return func(ctx context.Context, m *broker.Message) error {
+		now := time.Now()
+		if now.Before(m.DeliverAt) {
+			t.Errorf("%s handled %v early", m.Key, m.DeliverAt.Sub(now))
+		}
+		o, err := outbox.Handle(ctx, f.db, m, func(ctx context.Context, tx *sql.Tx) error {
+			f.runs.Add(1)
+			_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
+			return err
+		})
+		if err == nil && o == outbox.Handled {
+			f.mu.Lock()
+			if _, dup := f.handled[m.Key]; dup {
+				t.Errorf("%s handled twice", m.Key)
+			}
+			f.handled[m.Key] = now
+			f.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (f *flow) consume(t *testing.T, pub broker.Publisher, sub broker.Subscriber) {
+	t.Helper()
+	c, err := broker.NewConsumer(sub, pub, f.handler(t), broker.ConsumerConfig{Logger: quiet(), Concurrency: 16,
+		DeadLetter: outbox.DeadLetter(f.db, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(f.ctx, f.topic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+}
+
+func (f *flow) relay(t *testing.T, pub broker.Publisher) {
+	t.Helper()
+	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func (f *flow) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitDone waits until n tasks are done.
+func (f *flow) waitDone(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'")
+		if done >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d tasks done after %v", done, n, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// checkOnce asserts every order's effect was applied exactly once.
+func (f *flow) checkOnce(t *testing.T, n int) {
+	t.Helper()
+	if got := f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND effects = 1"); got != n {
+		t.Fatalf("%d orders cancelled exactly once, want %d (duplicate effects: %d)", got, n,
+			f.count(t, "SELECT COUNT(*) FROM orders WHERE effects > 1"))
+	}
+}
+
+func TestFlow_EveryTaskHandledOnceNeverEarly(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		const n = 300
+		start := time.Now()
+		for i := range n {
+			// Due between 1s and 8s: past the hop limit for the later ones.
+			f.order(t, fmt.Sprintf("o-%d", i), start.Add(time.Second+time.Duration(i)*7*time.Second/n))
+		}
+		f.consume(t, pub, sub)
+		// Two relays race over the same rows.
+		f.relay(t, pub)
+		f.relay(t, pub)
+		f.waitDone(t, n, 60*time.Second)
+		f.checkOnce(t, n)
+	})
+}
+
+// cancelAfterPublish cancels the relay's context after the broker confirmed
+// and before the relay commits: a relay killed at the worst moment.
+type cancelAfterPublish struct {
+	broker.Publisher
+	cancel context.CancelFunc
+}
+
+func (p cancelAfterPublish) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	err := p.Publisher.Publish(ctx, msgs...)
+	p.cancel()
+	return err
+}
+
+func TestFlow_RelayKilledBetweenConfirmAndCommitLosesNothing(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		const n = 50
+		for i := range n {
+			f.order(t, fmt.Sprintf("k-%d", i), time.Now().Add(time.Second))
+		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		r, err := outbox.NewRelay(f.db, cancelAfterPublish{pub, cancel}, outbox.RelayConfig{Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Once(ctx); err == nil {
+			t.Fatal("the killed relay reported success")
+		}
+		if got := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending'"); got != n {
+			t.Fatalf("%d rows pending after the kill, want %d", got, n)
+		}
+		f.consume(t, pub, sub)
+		f.relay(t, pub)
+		f.waitDone(t, n, 60*time.Second)
+		f.checkOnce(t, n)
+	})
+}
+
+func TestFlow_RescheduleAfterPublishRunsAtTheNewTimeOnly(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		f.consume(t, pub, sub)
+		f.relay(t, pub)
+		f.order(t, "moved", time.Now().Add(2*time.Second))
+		deadline := time.Now().Add(10 * time.Second)
+		for f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'published'") == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("never published")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		newDue := time.Now().Add(6 * time.Second)
+		if err := outbox.Reschedule(f.ctx, f.db, f.topic, "moved", newDue); err != nil {
+			t.Fatal(err)
+		}
+		f.waitDone(t, 1, 30*time.Second)
+		f.mu.Lock()
+		at := f.handled["moved"]
+		f.mu.Unlock()
+		if at.Before(broker.MillisUTC(newDue)) {
+			t.Fatalf("handled at %s, before the new due time %s: the old message ran", at.Format(time.StampMilli), newDue.Format(time.StampMilli))
+		}
+		f.checkOnce(t, 1)
+	})
+}
+
+func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		f.consume(t, pub, sub)
+		f.relay(t, pub)
+		const n = 100
+		due := time.Now().Add(2 * time.Second)
+		for i := range n {
+			f.order(t, fmt.Sprintf("p-%d", i), due)
+		}
+		// Pay every order at a moment spread around its due time.
+		var wg sync.WaitGroup
+		var paid atomic.Int64
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Until(due.Add(time.Duration(i-n/2) * 4 * time.Millisecond)))
+				tx, err := f.db.Begin()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer tx.Rollback() //nolint:errcheck
+				id := fmt.Sprintf("p-%d", i)
+				if err := outbox.Cancel(f.ctx, tx, f.topic, id); err != nil {
+					return // the timeout won
+				}
+				if res, err := tx.Exec("UPDATE orders SET status = 'PAID', paid = 1 WHERE id = ? AND status = 'UNPAID'", id); err == nil {
+					if k, _ := res.RowsAffected(); k == 1 && tx.Commit() == nil {
+						paid.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		deadline := time.Now().Add(30 * time.Second)
+		for f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'UNPAID'") > 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("orders left unpaid past due")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if bad := f.count(t, "SELECT COUNT(*) FROM orders WHERE paid = 1 AND status <> 'PAID'"); bad != 0 {
+			t.Fatalf("%d paid orders were cancelled", bad)
+		}
+		if got := f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"); int64(got) != paid.Load() {
+			t.Fatalf("%d orders PAID, %d payments went through", got, paid.Load())
+		}
+		t.Logf("%s: %d paid, %d cancelled by the timeout", ad.name, paid.Load(), n-int(paid.Load()))
+	})
+}
+
+func TestScanner_RescuesEveryTaskTheBrokerLost(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		const n = 100
+		due := time.Now().Add(1500 * time.Millisecond)
+		for i := range n {
+			f.order(t, fmt.Sprintf("l-%d", i), due)
+		}
+		// Publish them all with no consumer running.
+		r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending'") > 0 {
+			if _, err := r.Once(f.ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Let the broker's timers fire, then destroy every copy.
+		time.Sleep(time.Until(due.Add(2 * time.Second)))
+		ad.lose(t, f.topic)
+
+		f.consume(t, pub, sub)
+		var rescued atomic.Int64
+		for range 2 {
+			sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: time.Second, Interval: 200 * time.Millisecond,
+				Hooks: scanner.Hooks{Rescued: func(k int) { rescued.Add(int64(k)) }}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(f.ctx)
+			done := make(chan struct{})
+			go func() { _ = sc.Run(ctx); close(done) }()
+			t.Cleanup(func() { cancel(); <-done })
+		}
+		f.waitDone(t, n, 60*time.Second)
+		f.checkOnce(t, n)
+		if got := f.count(t, "SELECT COALESCE(SUM(rescues), 0) FROM delay_task"); got != n || rescued.Load() != n {
+			t.Fatalf("rescue count %d on the rows, %d reported; want %d (everything was lost once)", got, rescued.Load(), n)
+		}
+	})
+}
