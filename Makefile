@@ -10,7 +10,7 @@ WITH_SERVICES_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: services services-down test test-unit demo bench lint
+.PHONY: services services-down test test-unit demo bench lint FORCE
 
 services:
 	$(SERVICES) up
@@ -26,9 +26,15 @@ test: lint services
 test-unit:
 	go test -short ./...
 
-# For now the smallest end-to-end path: each service round-trips a message.
-demo: services
-	$(WITH_SERVICES_ENV) go test -count=1 -run TestEnvironment -v ./integration/
+# The order-timeout story end to end, once per broker (see README).
+demo: services bin/delaybridge
+	$(WITH_SERVICES_ENV) bin/delaybridge demo --broker rabbit --log-level warn
+	$(WITH_SERVICES_ENV) bin/delaybridge demo --broker rocket --log-level warn
+
+bin/delaybridge: FORCE
+	go build -o bin/delaybridge ./cmd/delaybridge
+
+FORCE:
 
 bench: services
 	$(WITH_SERVICES_ENV) go test -run '^$$' -bench . -benchtime 1x ./...

@@ -139,7 +139,7 @@ func deleteRabbitPrefix(t *testing.T, cfg rabbit.Config) {
 
 func rocketAdapter(t *testing.T) adapter {
 	brokerAddr := "127.0.0.1:10911"
-	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER"); a != "" {
+	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR"); a != "" {
 		brokerAddr = a
 	}
 	return adapter{

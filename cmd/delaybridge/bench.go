@@ -182,6 +182,9 @@ applied twice.`,
 			if err != nil {
 				return err
 			}
+			if err := cl.ensure(ctx, benchTopic, broker.DefaultDeadTopic); err != nil {
+				return err
+			}
 			if err := consumer.Start(ctx, benchTopic); err != nil {
 				return err
 			}

@@ -31,6 +31,8 @@ type brokerFlags struct {
 	rocketPrec  time.Duration
 	rocketLvls  string
 	rocketGroup string
+	rocketAddr  string
+	rocketQs    int
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -46,6 +48,8 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&b.rocketPrec, "rocketmq-precision", time.Second, "the broker's timerPrecisionMs (timer mode)")
 	fs.StringVar(&b.rocketLvls, "rocketmq-levels", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "the broker's messageDelayLevel list (levels mode)")
 	fs.StringVar(&b.rocketGroup, "rocketmq-group-prefix", rocket.DefaultGroupPrefix, "prefix of RocketMQ consumer group names")
+	fs.StringVar(&b.rocketAddr, "rocketmq-broker-addr", "127.0.0.1:10911", "RocketMQ broker address where demo and bench create their topics")
+	fs.IntVar(&b.rocketQs, "rocketmq-queues", 8, "read and write queues of the topics demo and bench create")
 }
 
 // mode names the configured delay mode for reports.
@@ -63,6 +67,9 @@ type clients struct {
 	close func()
 	// addr is the broker address readiness checks dial.
 	addr string
+	// ensure creates topics that must exist before a consumer starts; a
+	// no-op where the adapter declares them itself.
+	ensure func(ctx context.Context, topics ...string) error
 }
 
 func parseLevels(s string) ([]time.Duration, error) {
@@ -133,7 +140,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 		if err != nil {
 			return nil, fmt.Errorf("rabbit %s: %w", redactURL(b.amqpURL), scrub(err, b.amqpURL))
 		}
-		c := &clients{pub: pub, close: func() { _ = pub.Close() }}
+		c := &clients{pub: pub, close: func() { _ = pub.Close() }, ensure: func(context.Context, ...string) error { return nil }}
 		if u, err := url.Parse(b.amqpURL); err == nil {
 			port := u.Port()
 			if port == "" {
@@ -161,6 +168,17 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, err)
 		}
 		c := &clients{pub: pub, close: func() { _ = pub.Close() }, addr: cfg.NameServers[0]}
+		c.ensure = func(ctx context.Context, topics ...string) error {
+			for _, t := range topics {
+				tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err := rocket.CreateTopic(tctx, cfg.NameServers, b.rocketAddr, t, b.rocketQs)
+				cancel()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		if withSub {
 			sub, err := rocket.NewSubscriber(cfg)
 			if err != nil {

@@ -85,6 +85,9 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if err != nil {
 				return err
 			}
+			if err := cl.ensure(ctx, ordertimeout.Topic, broker.DefaultDeadTopic); err != nil {
+				return err
+			}
 			if err := consumer.Start(ctx, ordertimeout.Topic); err != nil {
 				return err
 			}
