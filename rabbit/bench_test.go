@@ -226,7 +226,9 @@ func BenchmarkLateness(b *testing.B) {
 		slices.Sort(late)
 		q := func(p float64) float64 { return float64(late[int(p*float64(len(late)-1))]) / float64(time.Millisecond) }
 		b.ReportMetric(q(0.50), "p50-ms")
+		b.ReportMetric(q(0.90), "p90-ms")
 		b.ReportMetric(q(0.99), "p99-ms")
+		b.ReportMetric(q(0.999), "p99.9-ms")
 		b.ReportMetric(q(1), "max-ms")
 		b.ReportMetric(float64(early), "early")
 		b.ReportMetric(float64(len(late)), "handled")
@@ -236,8 +238,9 @@ func BenchmarkLateness(b *testing.B) {
 
 // BenchmarkHop measures how fast the broker's at-least-once dead-letter
 // worker moves messages one hop: DELAYBRIDGE_BENCH_HOP_N (default 30000)
-// messages are published into level 0 of a 1s ladder, expire together, and
-// the rate is counted as they reach the topic queue. The live
+// messages are published into level 0 (TTL 5s) of a 5s ladder, expire as
+// fast as they were published, and the rate is counted as they reach the
+// topic queue. The live
 // dead_letter_worker_consumer_prefetch is reported alongside.
 //
 //	go test -run '^$' -bench Hop -benchtime 1x ./rabbit/
@@ -254,7 +257,7 @@ func BenchmarkHop(b *testing.B) {
 	b.Logf("broker: %s", prefetch)
 	for range b.N {
 		bb := benchSetup(b)
-		bb.cfg.Unit, bb.cfg.Depth = 5*time.Second, 1
+		bb.cfg.Unit, bb.cfg.Depth = 5*time.Second, 2
 		topic := "hop"
 		bb.topic(topic)
 		pub, err := NewPublisher(context.Background(), bb.cfg)
@@ -303,6 +306,9 @@ func BenchmarkHop(b *testing.B) {
 				b.Fatalf("only %d of %d hopped", q.Messages, n)
 			}
 			time.Sleep(5 * time.Millisecond)
+		}
+		if time.Since(pubStart) < 5*time.Second {
+			b.Fatal("the messages left level 0 before its 5s TTL: they did not go through the ladder")
 		}
 		b.ReportMetric(float64(n)/time.Since(first).Seconds(), "hop-msg/s")
 		_ = conn.Close()
