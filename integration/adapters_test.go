@@ -104,37 +104,8 @@ func rabbitConfig(t *testing.T) rabbit.Config {
 	url := testenv.AMQP(t)
 	prefix := testenv.Name("it")
 	cfg := rabbit.Config{URL: url, Prefix: prefix, Unit: rabbitUnit, Depth: rabbitDepth, ConnectionName: prefix}
-	t.Cleanup(func() { deleteRabbitPrefix(t, cfg) })
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
 	return cfg
-}
-
-func deleteRabbitPrefix(t *testing.T, cfg rabbit.Config) {
-	conn, err := amqp.Dial(cfg.URL)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	out := testenv.Rabbitmqctl(t, "list_queues", "name", "--quiet", "--no-table-headers")
-	for _, q := range strings.Fields(out) {
-		if strings.HasPrefix(q, cfg.Prefix+".") {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_ = ch.Close()
-			}
-		}
-	}
-	for _, x := range []string{".deliver", ".parking", ".delayed"} {
-		if ch, err := conn.Channel(); err == nil {
-			_ = ch.ExchangeDelete(cfg.Prefix+x, false, false)
-			_ = ch.Close()
-		}
-	}
-	for k := range cfg.Depth {
-		if ch, err := conn.Channel(); err == nil {
-			_ = ch.ExchangeDelete(fmt.Sprintf("%s.ladder.%d", cfg.Prefix, k), false, false)
-			_ = ch.Close()
-		}
-	}
 }
 
 func rocketAdapter(t *testing.T) adapter {

@@ -71,7 +71,7 @@ file. Passwords in DSNs and URLs are never printed.`,
 	pf.StringVar(&a.mysqlDSN, "mysql-dsn", DefaultMySQLDSN, "MySQL/MariaDB DSN of the outbox database (go-sql-driver format)")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
-	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a))
+	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a))
 	return root
 }
 

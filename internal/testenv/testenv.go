@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,4 +173,34 @@ func ScratchDB(t testing.TB) (*sql.DB, string) {
 	db.SetMaxOpenConns(32)
 	t.Cleanup(func() { _ = db.Close() })
 	return db, dsn
+}
+
+// DeleteRabbitPrefix deletes every queue and exchange whose name starts
+// with prefix and a dot, as a test's cleanup of the topology it declared.
+func DeleteRabbitPrefix(t testing.TB, url, prefix string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Logf("cleanup of %s: %v", prefix, err)
+		return
+	}
+	defer conn.Close()
+	for _, kind := range []string{"list_queues", "list_exchanges"} {
+		out := Rabbitmqctl(t, kind, "name", "--quiet", "--no-table-headers")
+		for _, name := range strings.Fields(out) {
+			if !strings.HasPrefix(name, prefix+".") {
+				continue
+			}
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			if kind == "list_queues" {
+				_, _ = ch.QueueDelete(name, false, false, false)
+			} else {
+				_ = ch.ExchangeDelete(name, false, false)
+			}
+			_ = ch.Close()
+		}
+	}
 }

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
+)
+
+// doctorTopic is where doctor's probes travel.
+const doctorTopic = "delaybridge-doctor"
+
+// report collects doctor's findings.
+type report struct {
+	a      *app
+	failed int
+	warned int
+}
+
+func (r *report) ok(format string, args ...any) {
+	fmt.Fprintf(r.a.stdout, "OK    "+format+"\n", args...)
+}
+
+func (r *report) warn(format string, args ...any) {
+	r.warned++
+	fmt.Fprintf(r.a.stdout, "WARN  "+format+"\n", args...)
+}
+
+func (r *report) fail(format string, args ...any) {
+	r.failed++
+	fmt.Fprintf(r.a.stdout, "FAIL  "+format+"\n", args...)
+}
+
+func newDoctorCmd(a *app) *cobra.Command {
+	var bf brokerFlags
+	var probe time.Duration
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check the database and the broker against delaybridge's configuration",
+		Long: `doctor checks, in plain words, what delaybridge needs from the live services:
+the database version supports SKIP LOCKED, the outbox schema is migrated, and
+its clock agrees with this host; for RabbitMQ, the server version, quorum
+queues with at-least-once dead-lettering, whether the delayed-message plugin
+is present, and whether the ladder topology of --rabbit-prefix is in place
+with the configured depth; for RocketMQ, that timer messages are on, that the
+broker accepts a hop of --rocketmq-max-delay and refuses one just past it
+(probes that stay in the broker's timer store until then, on the topic
+delaybridge-doctor), and the measured delivery precision of a short probe.
+Every line starts with OK, WARN or FAIL; the exit code is 1 when any check
+failed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			r := &report{a: a}
+			checkDatabase(ctx, a, r)
+			switch bf.kind {
+			case "rabbit":
+				checkRabbit(ctx, a, &bf, r)
+			case "rocket":
+				checkRocket(ctx, a, &bf, r, probe)
+			default:
+				r.fail("--broker %q: want rabbit or rocket", bf.kind)
+			}
+			fmt.Fprintf(a.stdout, "%d failed, %d warnings\n", r.failed, r.warned)
+			if r.failed > 0 {
+				return fmt.Errorf("doctor: %d check(s) failed", r.failed)
+			}
+			return nil
+		},
+	}
+	bf.register(cmd.Flags())
+	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe")
+	return cmd
+}
+
+func checkDatabase(ctx context.Context, a *app, r *report) {
+	db, err := a.openDB(ctx)
+	if err != nil {
+		r.fail("database: %v", err)
+		return
+	}
+	defer db.Close()
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		r.fail("database: %v", err)
+		return
+	}
+	if skipLockedSupported(version) {
+		r.ok("database %s supports FOR UPDATE SKIP LOCKED", version)
+	} else {
+		r.fail("database %s lacks FOR UPDATE SKIP LOCKED: use MySQL 8.0.1+ or MariaDB 10.6+", version)
+	}
+	var applied sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM delaybridge_migration").Scan(&applied); err != nil || !applied.Valid {
+		r.fail("outbox schema not migrated: run delaybridge migrate")
+	} else {
+		r.ok("outbox schema at version %d", applied.Int64)
+	}
+	before := time.Now()
+	var dbMS int64
+	if err := db.QueryRowContext(ctx, "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)").Scan(&dbMS); err == nil {
+		after := time.Now()
+		mid := before.Add(after.Sub(before) / 2)
+		skew := time.UnixMilli(dbMS).Sub(mid)
+		if skew.Abs() > time.Second {
+			r.warn("database clock differs from this host by %v (only delaybridge's own clocks decide due times, but logs will disagree)", skew.Round(time.Millisecond))
+		} else {
+			r.ok("database clock within %v of this host", skew.Abs().Round(time.Millisecond)+time.Millisecond)
+		}
+	}
+}
+
+// skipLockedSupported reads a VERSION() string.
+func skipLockedSupported(v string) bool {
+	maria := strings.Contains(strings.ToLower(v), "mariadb")
+	parts := strings.SplitN(strings.SplitN(v, "-", 2)[0], ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	major, _ := strconv.Atoi(parts[0])
+	minor, _ := strconv.Atoi(parts[1])
+	if maria {
+		return major > 10 || (major == 10 && minor >= 6)
+	}
+	return major >= 8
+}
+
+func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
+	cfg, err := bf.rabbitConfig(a)
+	if err != nil {
+		r.fail("rabbit: %v", err)
+		return
+	}
+	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"}})
+	if err != nil {
+		r.fail("RabbitMQ at %s unreachable: %v", redactURL(bf.amqpURL), scrub(err, bf.amqpURL))
+		return
+	}
+	defer conn.Close()
+	version, _ := conn.Properties["version"].(string)
+	if major, minor := versionOf(version); major > 3 || (major == 3 && minor >= 10) {
+		r.ok("RabbitMQ %s (3.10+ has at-least-once dead-lettering)", version)
+	} else {
+		r.fail("RabbitMQ %s is older than 3.10: the ladder needs quorum queues with at-least-once dead-lettering", version)
+	}
+	probeQ := fmt.Sprintf("%s.doctor.%d", cfg.Prefix, time.Now().UnixNano())
+	if ch, err := conn.Channel(); err == nil {
+		_, err := ch.QueueDeclare(probeQ, true, false, false, false, amqp.Table{
+			"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+			"x-dead-letter-exchange": "amq.direct", "x-message-ttl": int64(1000)})
+		if err != nil {
+			r.fail("cannot declare a quorum queue with at-least-once dead-lettering: %v (enable the quorum_queue feature flag)", err)
+		} else {
+			r.ok("quorum queues with at-least-once dead-lettering work")
+			_, _ = ch.QueueDelete(probeQ, false, false, false)
+		}
+		_ = ch.Close()
+	}
+	if ch, err := conn.Channel(); err == nil {
+		x := probeQ + ".x"
+		err := ch.ExchangeDeclare(x, "x-delayed-message", false, true, false, false, amqp.Table{"x-delayed-type": "direct"})
+		switch {
+		case err == nil:
+			_ = ch.ExchangeDelete(x, false, false)
+			_ = ch.Close()
+			r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
+		case bf.rabbitMode == "delayed-exchange":
+			r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
+		default:
+			r.ok("delayed-message plugin absent (not needed in ladder mode)")
+		}
+	}
+	if bf.rabbitMode != "ladder" {
+		return
+	}
+	missing := 0
+	for k := 0; k < bf.rabbitDepth; k++ {
+		ch, err := conn.Channel()
+		if err != nil {
+			break
+		}
+		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, k), true, false, false, false, nil); err != nil {
+			missing++
+		} else {
+			_ = ch.Close()
+		}
+	}
+	extra := false
+	if ch, err := conn.Channel(); err == nil {
+		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.rabbitDepth), true, false, false, false, nil); err == nil {
+			extra = true
+			_ = ch.Close()
+		}
+	}
+	switch {
+	case missing == bf.rabbitDepth:
+		r.warn("no ladder under prefix %q yet: the first publisher declares it", cfg.Prefix)
+	case missing > 0:
+		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.rabbitDepth)
+	case extra:
+		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.rabbitDepth)
+	default:
+		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.rabbitDepth, rabbit.LadderMaxHop(bf.rabbitUnit, bf.rabbitDepth))
+	}
+	r.ok("clock skew with RabbitMQ: not measurable over AMQP (the ladder's TTLs use the broker's clock only for durations)")
+}
+
+func versionOf(v string) (int, int) {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0
+	}
+	a, _ := strconv.Atoi(parts[0])
+	b, _ := strconv.Atoi(parts[1])
+	return a, b
+}
+
+func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe time.Duration) {
+	cfg, err := bf.rocketConfig(a)
+	if err != nil {
+		r.fail("rocket: %v", err)
+		return
+	}
+	if err := func() error {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return rocket.CreateTopic(cctx, cfg.NameServers, bf.rocketAddr, doctorTopic, 1)
+	}(); err != nil {
+		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.namesrv, err)
+		return
+	}
+	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)
+	if bf.rocketMode == "timer" {
+		// A probe publisher whose own limit never cuts the probe's delay.
+		pcfg := cfg
+		pcfg.Limits = rocket.TimerLimits(bf.rocketMax+time.Hour, bf.rocketPrec)
+		pub, err := rocket.NewPublisher(pcfg)
+		if err != nil {
+			r.fail("rocket publisher: %v", err)
+			return
+		}
+		defer pub.Close()
+		send := func(d time.Duration) error {
+			m := &broker.Message{Topic: doctorTopic, Key: "doctor-limit", DeliverAt: broker.MillisUTC(time.Now().Add(d)), Payload: []byte("doctor")}
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return broker.PublishResults(pub.Publish(sctx, m), 1)[0]
+		}
+		if err := send(bf.rocketMax); err != nil {
+			var re *rocket.RejectedError
+			if errors.As(err, &re) && re.BrokerMaxDelay > 0 {
+				r.fail("the broker refuses a hop of --rocketmq-max-delay %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", bf.rocketMax, re.BrokerMaxDelay)
+			} else {
+				r.fail("a timer probe of %v failed: %v", bf.rocketMax, err)
+			}
+		} else {
+			r.ok("the broker accepts a timer hop of --rocketmq-max-delay %v", bf.rocketMax)
+			past := bf.rocketMax + time.Minute
+			if err := send(past); err == nil {
+				r.warn("the broker also accepts %v: its timerMaxDelaySec is above --rocketmq-max-delay %v; raise the flag to save hops", past, bf.rocketMax)
+			} else if errors.Is(err, broker.ErrRejected) {
+				r.ok("the broker refuses %v: --rocketmq-max-delay matches its timerMaxDelaySec", past)
+			} else {
+				r.warn("probe past the limit failed without a rejection: %v", err)
+			}
+		}
+	}
+	measurePrecision(ctx, a, bf, cfg, r, probe)
+	r.ok("clock skew with RocketMQ: not measured (timer hops use TIMER_DELAY_MS, relative to the broker's clock, so skew does not move due times)")
+}
+
+// measurePrecision sends one probe due after probe and reports how late it
+// arrives; a probe that arrives at once means timers are off.
+func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.Config, r *report, probe time.Duration) {
+	pub, err := rocket.NewPublisher(cfg)
+	if err != nil {
+		r.fail("rocket publisher: %v", err)
+		return
+	}
+	defer pub.Close()
+	sub, err := rocket.NewSubscriber(cfg)
+	if err != nil {
+		r.fail("rocket subscriber: %v", err)
+		return
+	}
+	defer sub.Close()
+	sctx, cancel := context.WithTimeout(ctx, probe+30*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(sctx, doctorTopic)
+	if err != nil {
+		r.fail("rocket subscribe %s: %v", doctorTopic, err)
+		return
+	}
+	key := "doctor-precision-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	sent := time.Now()
+	due := broker.MillisUTC(sent.Add(probe))
+	if err := pub.Publish(sctx, &broker.Message{Topic: doctorTopic, Key: key, DeliverAt: due, Payload: []byte("doctor")}); err != nil {
+		r.fail("precision probe not sent: %v", err)
+		return
+	}
+	for {
+		select {
+		case d, ok := <-ch:
+			if !ok {
+				r.fail("precision probe never arrived within %v", probe+30*time.Second)
+				return
+			}
+			_ = d.Acker.Ack()
+			if d.Message == nil || d.Message.Key != key {
+				continue // an earlier probe
+			}
+			got := time.Now()
+			switch lateness := got.Sub(due); {
+			case bf.rocketMode == "timer" && got.Sub(sent) < probe/2:
+				r.fail("a %v timer probe arrived after %v: timer messages are off (timerWheelEnable=true)", probe, got.Sub(sent).Round(time.Millisecond))
+			case lateness < -cfg.Limits.Precision:
+				r.warn("the %v probe arrived %v early (the consumer runtime holds such messages; precision worse than --rocketmq-precision %v)", probe, -lateness, cfg.Limits.Precision)
+			default:
+				r.ok("a %v probe arrived %v after due (configured precision %v)", probe, lateness.Round(time.Millisecond), cfg.Limits.Precision)
+			}
+			return
+		case <-sctx.Done():
+			r.fail("precision probe never arrived within %v", probe+30*time.Second)
+			return
+		}
+	}
+}

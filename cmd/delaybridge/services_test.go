@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// rabbitFlags gives a test its own small ladder, deleted at cleanup.
+func rabbitFlags(t *testing.T) []string {
+	t.Helper()
+	url := testenv.AMQP(t)
+	prefix := testenv.Name("cli")
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
+	return []string{"--broker", "rabbit", "--amqp-url", url, "--rabbit-prefix", prefix, "--rabbit-depth", "8"}
+}
+
+// rocketFlags points the CLI at the local RocketMQ with its test limits.
+func rocketFlags(t *testing.T) []string {
+	t.Helper()
+	return []string{"--broker", "rocket", "--rocketmq-namesrv", testenv.RocketMQ(t), "--rocketmq-max-delay", "1h", "--rocketmq-precision", "100ms",
+		"--rocketmq-group-prefix", testenv.Name("cli")}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "k1", DueAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	root := newRootCmd()
+	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", addr, "--grace", "1s"}, rabbitFlags(t)...))
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := outbox.Get(context.Background(), pool, "run-test", "k1")
+		if err == nil && info.State == outbox.StatePublished {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task never published; stdout %q stderr %q", out.String(), errOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := get(t, "http://"+addr+"/healthz"); code != 200 || !strings.Contains(body, "ok") {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	if code, body := get(t, "http://"+addr+"/readyz"); code != 200 {
+		t.Fatalf("/readyz: %d %q", code, body)
+	}
+	_, metrics := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{"delaybridge_relay_published_total 1", `delaybridge_outbox_tasks{state="published",topic="run-test"} 1`, "delaybridge_outbox_up 1"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(metrics, "delaybridge:delaybridge@") || strings.Contains(metrics, "k1") {
+		t.Error("/metrics exposes a DSN or a task key")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("run did not stop after its context ended")
+	}
+	if !strings.Contains(out.String(), "delaybridge stopped") {
+		t.Fatalf("stdout %q", out.String())
+	}
+}
+
+// lastJSON decodes the last line of out.
+func lastJSON(t *testing.T, out string) map[string]any {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &m); err != nil {
+		t.Fatalf("last line is not JSON: %v\n%s", err, out)
+	}
+	return m
+}
+
+func TestDemo_HoldsItsInvariantsOnBothBrokers(t *testing.T) {
+	for _, b := range []struct {
+		name  string
+		flags func(*testing.T) []string
+	}{{"rabbit", rabbitFlags}, {"rocket", rocketFlags}} {
+		t.Run(b.name, func(t *testing.T) {
+			_, dsn := testenv.ScratchDB(t)
+			out := mustRun(t, append([]string{"demo", "--mysql-dsn", dsn, "--orders", "80", "--timeout", "2s", "--spread", "1s", "--json", "--log-level", "error"}, b.flags(t)...)...)
+			m := lastJSON(t, out)
+			if m["broker"] != b.name || m["orders"] != 80.0 || m["wrongly_cancelled"] != 0.0 || m["left_unpaid"] != 0.0 || m["stock_ok"] != true ||
+				m["paid"].(float64)+m["cancelled"].(float64) != 80 {
+				t.Fatalf("demo summary %v", m)
+			}
+		})
+	}
+}
+
+func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
+	for _, b := range []struct {
+		name    string
+		flags   func(*testing.T) []string
+		handler string
+	}{{"rabbit", rabbitFlags, "db"}, {"rocket", rocketFlags, "noop"}} {
+		t.Run(b.name, func(t *testing.T) {
+			_, dsn := testenv.ScratchDB(t)
+			out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "400", "--delay", "1s", "--spread", "1s", "--per-tx", "10",
+				"--handler", b.handler, "--baseline", "--json", "--wait", "60s", "--log-level", "error"}, b.flags(t)...)...)
+			m := lastJSON(t, out)
+			if m["tasks"] != 400.0 || m["handled"] != 400.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
+				t.Fatalf("bench summary %v", m)
+			}
+			for _, k := range []string{"schedule_tps", "relay_tps", "baseline_publish_tps"} {
+				if v, _ := m[k].(float64); v <= 0 {
+					t.Errorf("%s = %v, want a positive rate", k, m[k])
+				}
+			}
+			if l, _ := m["lateness_ms"].(map[string]any); l == nil || l["p99"] == nil {
+				t.Errorf("no lateness percentiles in %v", m)
+			}
+		})
+	}
+}
+
+func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
+	dsn := scratch(t)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, rabbitFlags(t)...)...)
+	if !strings.Contains(out, "OK    RabbitMQ 3.") || !strings.Contains(out, "0 failed") {
+		t.Fatalf("doctor rabbit:\n%s", out)
+	}
+	out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, append(rocketFlags(t), "--rocketmq-max-delay", "2h")...)...)
+	if err == nil || !strings.Contains(out, "FAIL  the broker refuses a hop of --rocketmq-max-delay 2h0m0s: its timerMaxDelaySec is 1h0m0s") {
+		t.Fatalf("doctor with a limit above the broker's: err %v\n%s", err, out)
+	}
+	out = mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, rocketFlags(t)...)...)
+	if !strings.Contains(out, "OK    the broker refuses 1h1m0s") || !strings.Contains(out, "probe arrived") {
+		t.Fatalf("doctor rocket:\n%s", out)
+	}
+	// An unmigrated database fails the schema check.
+	_, bare := testenv.ScratchDB(t)
+	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", bare}, rabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema not migrated") {
+		t.Fatalf("doctor on an empty database: %v\n%s", err, fmt.Sprint(out))
+	}
+}
