@@ -111,7 +111,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 		}
 		// Several callers keep the shared window full, as a relay with
 		// parallel batches does.
-		const callers, batch = 4, 250
+		const callers, batch = 8, 250
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, callers)

@@ -15,12 +15,15 @@ import (
 // queue-wide TTL is Unit × 2^k, so within a level expiry order is arrival
 // order and nothing blocks behind a longer delay. A delay of n units, with
 // highest set bit top, is published through the default exchange straight
-// into <prefix>.delay.<top>, carrying one header per level below top,
-// dlbl-<k> = "1" or "0", n's bits, and the topic as a second routing key in
-// the CC header. Each queue dead-letters (at-least-once, keeping the
-// message's routing keys) to the next level's headers exchange
-// <prefix>.ladder.<k−1>, which routes dlbl-<k−1>=1 to its queue and
-// dlbl-<k−1>=0 on to the exchange below it. Below level 0 is the direct
+// into <prefix>.delay.<top>, carrying a header dlbl-<k> = "1" for each
+// other set bit k of n, and the topic as a second routing key in the CC
+// header. Each queue dead-letters (at-least-once, keeping the message's
+// routing keys) to the next level's headers exchange <prefix>.ladder.<k−1>,
+// which routes a message with dlbl-<k−1>=1 to its queue; any other message
+// it cannot route, so its alternate exchange, the exchange below it, takes
+// it (headers exchanges cannot match an absent header, and a header per
+// zero bit cost a measurable share of the publish rate). Below level 0 is
+// the direct
 // delivery exchange <prefix>.deliver, which routes the topic key to the
 // topic's consumer queue <prefix>.q.<topic> (the queue-name key matches no
 // topic: names contain '.', topics cannot). What it cannot route goes
@@ -33,7 +36,7 @@ import (
 // per exchange, on the publishing channel and in each queue's single
 // dead-letter worker. Measured on the test box, it halved the confirmed
 // publish rate and left a three-hop chain unable to keep up with 1,000
-// messages/s; a headers exchange with two bindings compares a few headers.
+// messages/s; a headers exchange with one binding compares a few headers.
 
 // topology names and declares the exchanges and queues of one prefix.
 type topology struct {
@@ -50,8 +53,8 @@ func (t topology) topicQueue(topic string) string {
 	return t.cfg.Prefix + ".q." + topic
 }
 
-// nextExchange is where level k sends what leaves it, and where level
-// k's exchange sends a message whose bit k is 0.
+// nextExchange is where level k sends what leaves it, and the alternate
+// exchange of level k's exchange, which takes a message whose bit k is 0.
 func (t topology) nextExchange(k int) string {
 	if k == 0 {
 		return t.deliveryExchange()
@@ -59,12 +62,20 @@ func (t topology) nextExchange(k int) string {
 	return t.levelExchange(k - 1)
 }
 
-// bitHeader names the header that carries a message's bit for level k.
+// bitHeader names the header that marks a message's set bit for level k.
 func bitHeader(k int) string { return "dlbl-" + strconv.Itoa(k) }
 
-// bitArgs are the arguments of a headers binding that matches bit on level k.
-func bitArgs(k int, bit string) amqp.Table {
-	return amqp.Table{"x-match": "all", bitHeader(k): bit}
+// bitHeaders caches bitHeader for every level a ladder may have.
+var bitHeaders = func() (h [63]string) {
+	for k := range h {
+		h[k] = bitHeader(k)
+	}
+	return h
+}()
+
+// bitArgs are the arguments of the headers binding of level k's queue.
+func bitArgs(k int) amqp.Table {
+	return amqp.Table{"x-match": "all", bitHeader(k): "1"}
 }
 
 // units takes the lead off d and rounds it down to whole units, capped at
@@ -93,11 +104,13 @@ func (t topology) ladderRoute(d time.Duration, topic string) (queue string, n ui
 	return t.levelQueue(bits.Len64(n) - 1), n
 }
 
-// setBits writes n's bit headers for every level below its entry level,
-// which is reached by queue name and needs none.
+// setBits marks each set bit of n below its entry level, which is reached
+// by queue name and needs no mark.
 func setBits(h amqp.Table, n uint64) {
 	for k := 0; k < bits.Len64(n)-1; k++ {
-		h[bitHeader(k)] = strconv.FormatUint(n>>k&1, 10)
+		if n>>k&1 == 1 {
+			h[bitHeaders[k]] = "1"
+		}
 	}
 }
 
@@ -133,17 +146,14 @@ func (t topology) declareLadder(ch *amqp.Channel) error {
 	}
 	for k := 0; k < t.cfg.Depth; k++ {
 		x, q := t.levelExchange(k), t.levelQueue(k)
-		if err := ch.ExchangeDeclare(x, amqp.ExchangeHeaders, true, false, false, false, nil); err != nil {
+		if err := ch.ExchangeDeclare(x, amqp.ExchangeHeaders, true, false, false, false, amqp.Table{"alternate-exchange": t.nextExchange(k)}); err != nil {
 			return fmt.Errorf("rabbit: declare exchange %s: %w", x, err)
 		}
 		if _, err := ch.QueueDeclare(q, true, false, false, false, t.levelArgs(k)); err != nil {
 			return fmt.Errorf("rabbit: declare ladder queue %s (an existing queue with other arguments needs deleting first): %w", q, err)
 		}
-		if err := ch.QueueBind(q, "", x, false, bitArgs(k, "1")); err != nil {
+		if err := ch.QueueBind(q, "", x, false, bitArgs(k)); err != nil {
 			return fmt.Errorf("rabbit: bind %s to %s: %w", q, x, err)
-		}
-		if err := ch.ExchangeBind(t.nextExchange(k), "", x, false, bitArgs(k, "0")); err != nil {
-			return fmt.Errorf("rabbit: bind %s to %s: %w", t.nextExchange(k), x, err)
 		}
 	}
 	return nil

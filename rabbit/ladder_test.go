@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	for _, c := range []struct {
 		delay time.Duration
 		queue string
-		bits  string // dlbl-<top−1> … dlbl-0; the entry level needs none
+		bits  string // bits below the entry level, which needs none; 0s carry no header
 	}{
 		{0, "p.q.t", ""},
 		{249 * time.Millisecond, "p.q.t", ""},
@@ -32,10 +33,14 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 		h := amqp.Table{}
 		setBits(h, n)
 		got := ""
-		for k := len(h) - 1; k >= 0; k-- {
-			got += fmt.Sprint(h[bitHeader(k)])
+		for k := len(c.bits) - 1; k >= 0; k-- {
+			if _, ok := h[bitHeader(k)]; ok {
+				got += fmt.Sprint(h[bitHeader(k)])
+			} else {
+				got += "0"
+			}
 		}
-		if q != c.queue || got != c.bits || len(h) != len(c.bits) {
+		if q != c.queue || got != c.bits || len(h) != strings.Count(c.bits, "1") {
 			t.Errorf("ladderRoute(%v) = %s %v, want %s bits %s", c.delay, q, h, c.queue, c.bits)
 		}
 	}
@@ -49,9 +54,9 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	}
 }
 
-func TestLadder_EachLevelBindsItsBitToItsQueueAndZeroOnward(t *testing.T) {
+func TestLadder_EachLevelBindsItsBitToItsQueueAndPassesZeroDown(t *testing.T) {
 	topo := topology{cfg: Config{Prefix: "p", Unit: time.Second, Depth: 3}}
-	if got := bitArgs(2, "1"); got["x-match"] != "all" || got["dlbl-2"] != "1" || len(got) != 2 {
+	if got := bitArgs(2); got["x-match"] != "all" || got["dlbl-2"] != "1" || len(got) != 2 {
 		t.Errorf("level 2 queue binding %v", got)
 	}
 	if topo.nextExchange(0) != "p.deliver" || topo.nextExchange(2) != "p.ladder.1" {
@@ -287,5 +292,50 @@ func TestLadder_FullLevelNacksThePublish(t *testing.T) {
 	t.Logf("max-length 3: confirmed %d, nacked %d", ok, nacked)
 	if ok < 3 || nacked == 0 {
 		t.Errorf("confirmed %d, nacked %d: want the first 3 confirmed and the publishes over the guard nacked", ok, nacked)
+	}
+}
+
+func TestLadder_EveryDelayTakesExactlyItsUnits(t *testing.T) {
+	b := setup(t)
+	topic := "every"
+	pub, sub := b.clients(t, topic)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deliveries, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Up to the top less one: a hop is capped at MaxHop before the lead
+	// comes off, so the top itself is never asked for.
+	top := 1<<testDepth - 2
+	sent := time.Now()
+	var msgs []*broker.Message
+	for n := 0; n <= top; n++ {
+		// Half a unit past n whole units after the lead: rounds down to n.
+		due := sent.Add(DefaultLead + time.Duration(n)*testUnit + testUnit/2)
+		msgs = append(msgs, &broker.Message{Topic: topic, Key: fmt.Sprint(n), DeliverAt: broker.MillisUTC(due)})
+	}
+	if err := pub.Publish(ctx, msgs...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	got := map[string]time.Time{}
+	timeout := time.After(time.Duration(top)*testUnit + 30*time.Second)
+	for len(got) <= top {
+		select {
+		case d := <-deliveries:
+			got[d.Message.Key] = time.Now()
+			_ = d.Acker.Ack()
+		case <-timeout:
+			t.Fatalf("%d of %d delays arrived", len(got), top+1)
+		}
+	}
+	for n := 0; n <= top; n++ {
+		at := got[fmt.Sprint(n)]
+		if min := time.Duration(n) * testUnit; at.Sub(sent) < min {
+			t.Errorf("%d units: arrived after %v, sooner than %v", n, at.Sub(sent), min)
+		}
+		if late := at.Sub(msgs[n].DeliverAt); late > 2*time.Second {
+			t.Errorf("%d units: arrived %v after due", n, late)
+		}
 	}
 }
