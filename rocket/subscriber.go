@@ -28,6 +28,16 @@ import (
 // used for handler failures: the runtime retries by publishing again with
 // its own backoff and dead-letters through its DeadLetter.
 //
+// One limitation comes from the client: the broker creates a group's retry
+// topic when the group's first consumer registers, after that consumer
+// looked its routes up, so a consumer of a brand-new group learns the retry
+// topic only at its next route refresh, 30 s later, and a delivery it gives
+// back before then returns after 30 to 40 s rather than about one. Every
+// consumer started after the first one registered, including after a
+// restart, sees the retry topic at once. Ops who want the fast path from the
+// first minute create it beforehand:
+// mqadmin updateTopic -t %RETRY%<group> -c <cluster>.
+//
 // When the subscription's context ends or the Subscriber is closed, the
 // consumer stops handing out messages, gives back every delivery not yet
 // settled, waits for all its client callbacks to return, closes the channel

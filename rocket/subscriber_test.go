@@ -1,0 +1,122 @@
+package rocket_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/rocket"
+)
+
+func receive(t *testing.T, ch <-chan *broker.Delivery) *broker.Delivery {
+	t.Helper()
+	return receiveWithin(t, ch, 30*time.Second)
+}
+
+func receiveWithin(t *testing.T, ch <-chan *broker.Delivery, wait time.Duration) *broker.Delivery {
+	t.Helper()
+	select {
+	case d, ok := <-ch:
+		if !ok {
+			t.Fatal("channel closed")
+		}
+		return d
+	case <-time.After(wait):
+		t.Fatalf("no delivery within %v", wait)
+		return nil
+	}
+}
+
+func TestSubscriber_NackedDeliveryComesBackToTheGroup(t *testing.T) {
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	pub, sub := e.clients(t, topic, rocket.TimerLimits(2*time.Second, localPrecision))
+	// A group's retry topic is created by the broker when the group's first
+	// consumer registers, after that consumer looked its routes up; it sees
+	// the retry topic only at its next route refresh (30s later). Let a
+	// first consumer create it, as any earlier run of the service would.
+	warm, stop := context.WithCancel(context.Background())
+	wch, err := sub.Subscribe(warm, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	for range wch {
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &broker.Message{Topic: topic, Key: "nack-me", Payload: []byte("body"), DeliverAt: broker.MillisUTC(time.Now()), Headers: map[string]string{"h": "v"}}
+	if err := pub.Publish(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	first := receive(t, ch)
+	if err := first.Acker.Nack(); err != nil {
+		t.Fatalf("Nack: %v", err)
+	}
+	if err := first.Acker.Ack(); err == nil {
+		t.Error("a second settlement of the same delivery succeeded")
+	}
+	nacked := time.Now()
+	again := receiveWithin(t, ch, 20*time.Second)
+	t.Logf("redelivered %v after the Nack", time.Since(nacked))
+	if again.Message == nil || again.Message.Key != "nack-me" || string(again.Message.Payload) != "body" || again.Message.Headers["h"] != "v" {
+		t.Fatalf("redelivery differs: %+v (err %v)", again.Message, again.Err)
+	}
+	if err := again.Acker.Ack(); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+}
+
+func TestSubscriber_ContextEndGivesBackUnsettledAndClosesChannel(t *testing.T) {
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	pub, sub := e.clients(t, topic, rocket.TimerLimits(2*time.Second, localPrecision))
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), &broker.Message{Topic: topic, Key: "held", DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	d := receive(t, ch)
+	cancel()
+	for range ch {
+		// Drain until the subscription closes the channel.
+	}
+	if err := d.Acker.Ack(); err == nil {
+		t.Fatal("Ack after the subscription ended succeeded; the delivery should have been given back")
+	}
+	// A new subscriber in the same group gets it.
+	_, sub2 := e.clients(t, topic, rocket.TimerLimits(2*time.Second, localPrecision))
+	ch2, err := sub2.Subscribe(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2 := receive(t, ch2)
+	if d2.Message == nil || d2.Message.Key != "held" {
+		t.Fatalf("got %+v, want the given-back message", d2.Message)
+	}
+	_ = d2.Acker.Ack()
+}
+
+func TestSubscriber_SubscribeAfterCloseFails(t *testing.T) {
+	e := setup(t)
+	sub, err := rocket.NewSubscriber(e.config(rocket.TimerLimits(time.Hour, localPrecision)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Subscribe(context.Background(), "anything"); !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("Subscribe after Close = %v, want ErrClosed", err)
+	}
+}
