@@ -1,0 +1,66 @@
+package rocket_test
+
+import (
+	"context"
+	"log"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/rocket"
+)
+
+// A RocketMQ 5 broker with timerMaxDelaySec=259200 and timerPrecisionMs=1000
+// (its defaults): a task due in five days takes two hops.
+func Example_timerMode() {
+	ctx := context.Background()
+	cfg := rocket.Config{
+		NameServers: []string{"127.0.0.1:9876"},
+		Limits:      rocket.TimerLimits(259200*time.Second, time.Second),
+	}
+	if err := rocket.CreateTopic(ctx, cfg.NameServers, "127.0.0.1:10911", "order-timeout", 8); err != nil {
+		log.Fatal(err)
+	}
+	pub, err := rocket.NewPublisher(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	sub, err := rocket.NewSubscriber(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sub.Close()
+
+	c, err := broker.NewConsumer(sub, pub, func(ctx context.Context, m *broker.Message) error {
+		log.Printf("cancel order %s", m.Key)
+		return nil
+	}, broker.ConsumerConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Start(ctx, "order-timeout"); err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close(ctx)
+
+	err = pub.Publish(ctx, &broker.Message{Topic: "order-timeout", Key: "42", DeliverAt: broker.MillisUTC(time.Now().Add(5 * 24 * time.Hour))})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A RocketMQ 4.x broker with the default delay levels: hops of at most two
+// hours, each the largest level that fits.
+func Example_levelMode() {
+	cfg := rocket.Config{
+		NameServers: []string{"127.0.0.1:9876"},
+		Limits:      rocket.LevelLimits(rocket.DefaultLevels(), 0),
+	}
+	pub, err := rocket.NewPublisher(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	hop := pub.Limits().Plan(time.Now(), time.Now().Add(25*time.Minute))
+	log.Printf("first hop: level %d (%v)", hop.Level, hop.Delay)
+}
