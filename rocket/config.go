@@ -37,7 +37,8 @@ type Config struct {
 	// SendTimeout bounds one send attempt. Default 3s.
 	SendTimeout time.Duration
 	// SendRetries is how many times the client retries a failed send on its
-	// own before Publish reports the message as not confirmed. Default 2.
+	// own before Publish reports the message as not confirmed. Default 2;
+	// negative means no retry.
 	SendRetries int
 	// ConsumeGoroutines bounds the deliveries of one subscription that are
 	// unsettled at once (each holds a client callback until Ack or Nack).
@@ -62,14 +63,22 @@ type Config struct {
 
 // Defaults applied to a zero Config.
 const (
-	DefaultProducerGroup     = "delaybridge-producer"
-	DefaultGroupPrefix       = "delaybridge"
-	DefaultSendWorkers       = 64
-	DefaultSendTimeout       = 3 * time.Second
-	DefaultSendRetries       = 2
+	// DefaultProducerGroup is Config.ProducerGroup's default.
+	DefaultProducerGroup = "delaybridge-producer"
+	// DefaultGroupPrefix is Config.GroupPrefix's default.
+	DefaultGroupPrefix = "delaybridge"
+	// DefaultSendWorkers is Config.SendWorkers' default.
+	DefaultSendWorkers = 64
+	// DefaultSendTimeout is Config.SendTimeout's default.
+	DefaultSendTimeout = 3 * time.Second
+	// DefaultSendRetries is Config.SendRetries' default.
+	DefaultSendRetries = 2
+	// DefaultConsumeGoroutines is Config.ConsumeGoroutines' default.
 	DefaultConsumeGoroutines = 64
-	DefaultConsumeTimeout    = 15 * time.Minute
-	DefaultAssignWait        = 10 * time.Second
+	// DefaultConsumeTimeout is Config.ConsumeTimeout's default, the client's.
+	DefaultConsumeTimeout = 15 * time.Minute
+	// DefaultAssignWait is Config.AssignWait's default.
+	DefaultAssignWait = 10 * time.Second
 	// DefaultTimerMaxDelay is the broker's default timerMaxDelaySec.
 	DefaultTimerMaxDelay = 259200 * time.Second
 	// DefaultTimerPrecision is the broker's default timerPrecisionMs.
@@ -128,8 +137,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SendTimeout <= 0 {
 		c.SendTimeout = DefaultSendTimeout
 	}
-	if c.SendRetries <= 0 {
+	switch {
+	case c.SendRetries == 0:
 		c.SendRetries = DefaultSendRetries
+	case c.SendRetries < 0:
+		c.SendRetries = 0
 	}
 	if c.ConsumeGoroutines <= 0 {
 		c.ConsumeGoroutines = DefaultConsumeGoroutines

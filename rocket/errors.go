@@ -60,6 +60,8 @@ type RejectedError struct {
 	Cause error
 }
 
+// Error names the delay, both limits when the broker stated its own, and
+// the client's error.
 func (e *RejectedError) Error() string {
 	if e.BrokerMaxDelay > 0 {
 		return fmt.Sprintf("rocket: broker rejected a timer delay of %v (code %d): the broker's timerMaxDelaySec is %v, delaybridge's configured MaxHop is %v; set MaxHop to at most the broker's limit: %v",
