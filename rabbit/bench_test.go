@@ -95,7 +95,14 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 			b.Fatalf("%d nacks", nacks)
 		}
 	})
-	b.Run("ladder", func(b *testing.B) {
+	b.Run("ladder", func(b *testing.B) { benchPublisher(b, time.Minute) })
+	// The same Publisher with no delay, straight to the topic's queue: how
+	// much of the gap is the client rather than the ladder.
+	b.Run("publisher-no-delay", func(b *testing.B) { benchPublisher(b, 0) })
+}
+
+func benchPublisher(b *testing.B, delay time.Duration) {
+	{
 		bb := benchSetup(b)
 		bb.topic("bench")
 		pub, err := NewPublisher(context.Background(), bb.cfg)
@@ -105,7 +112,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 		defer pub.Close()
 		// 1 minute = 600 units: one hop into level 9, so nothing expires
 		// while we measure.
-		msgs := benchMessages("bench", b.N, time.Minute)
+		msgs := benchMessages("bench", b.N, delay)
 		if err := pub.Publish(context.Background(), msgs[0]); err != nil { // declares the topic
 			b.Fatal(err)
 		}
@@ -139,7 +146,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 		for err := range errs {
 			b.Fatal(err)
 		}
-	})
+	}
 }
 
 // BenchmarkLateness runs the consumer runtime with a no-op handler over the

@@ -65,14 +65,6 @@ func (t topology) nextExchange(k int) string {
 // bitHeader names the header that marks a message's set bit for level k.
 func bitHeader(k int) string { return "dlbl-" + strconv.Itoa(k) }
 
-// bitHeaders caches bitHeader for every level a ladder may have.
-var bitHeaders = func() (h [63]string) {
-	for k := range h {
-		h[k] = bitHeader(k)
-	}
-	return h
-}()
-
 // bitArgs are the arguments of the headers binding of level k's queue.
 func bitArgs(k int) amqp.Table {
 	return amqp.Table{"x-match": "all", bitHeader(k): "1"}
@@ -109,7 +101,7 @@ func (t topology) ladderRoute(d time.Duration, topic string) (queue string, n ui
 func setBits(h amqp.Table, n uint64) {
 	for k := 0; k < bits.Len64(n)-1; k++ {
 		if n>>k&1 == 1 {
-			h[bitHeaders[k]] = "1"
+			h[bitHeader(k)] = "1"
 		}
 	}
 }
