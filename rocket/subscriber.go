@@ -307,8 +307,10 @@ const (
 )
 
 var (
-	errSettled   = errors.New("rocket: delivery already settled")
-	errGivenBack = errors.New("rocket: delivery already given back: the subscription ended")
+	errSettled = errors.New("rocket: delivery already settled")
+	// errGivenBack matches broker.ErrClosed: the subscription ended and
+	// gave the delivery back to the broker on its own.
+	errGivenBack = fmt.Errorf("rocket: delivery already given back, the subscription ended: %w", broker.ErrClosed)
 )
 
 func (a *acker) settle(ok bool) error {
