@@ -17,9 +17,6 @@ func Example_timerMode() {
 		NameServers: []string{"127.0.0.1:9876"},
 		Limits:      rocket.TimerLimits(259200*time.Second, time.Second),
 	}
-	if err := rocket.CreateTopic(ctx, cfg.NameServers, "127.0.0.1:10911", "order-timeout", 8); err != nil {
-		log.Fatal(err)
-	}
 	pub, err := rocket.NewPublisher(cfg)
 	if err != nil {
 		log.Fatal(err)
@@ -30,6 +27,10 @@ func Example_timerMode() {
 		log.Fatal(err)
 	}
 	defer sub.Close()
+	// The topic, and the retry topic of the subscriber's consumer group.
+	if err := sub.CreateTopic(ctx, "127.0.0.1:10911", "order-timeout", 8); err != nil {
+		log.Fatal(err)
+	}
 
 	c, err := broker.NewConsumer(sub, pub, func(ctx context.Context, m *broker.Message) error {
 		log.Printf("cancel order %s", m.Key)

@@ -64,7 +64,6 @@ func (e *env) topic(t testing.TB, topic string) {
 // clients returns a publisher and a subscriber for topic, closed at cleanup.
 func (e *env) clients(t testing.TB, topic string, limits broker.Limits) (*rocket.Publisher, *rocket.Subscriber) {
 	t.Helper()
-	e.topic(t, topic)
 	pub, err := rocket.NewPublisher(e.config(limits))
 	if err != nil {
 		t.Fatalf("NewPublisher: %v", err)
@@ -73,6 +72,18 @@ func (e *env) clients(t testing.TB, topic string, limits broker.Limits) (*rocket
 	if err != nil {
 		_ = pub.Close()
 		t.Fatalf("NewSubscriber: %v", err)
+	}
+	// The topic and the group's retry topic, so a delivery given back
+	// returns in about a second even in the group's first minute.
+	if _, loaded := e.created.LoadOrStore(topic, struct{}{}); !loaded {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := sub.CreateTopic(ctx, brokerAddr(), topic, topicQueues)
+		cancel()
+		if err != nil {
+			_ = pub.Close()
+			_ = sub.Close()
+			t.Fatalf("Subscriber.CreateTopic: %v", err)
+		}
 	}
 	t.Cleanup(func() {
 		if err := sub.Close(); err != nil {

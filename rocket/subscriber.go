@@ -34,9 +34,9 @@ import (
 // topic only at its next route refresh, 30 s later, and a delivery it gives
 // back before then returns after 30 to 40 s rather than about one. Every
 // consumer started after the first one registered, including after a
-// restart, sees the retry topic at once. Ops who want the fast path from the
-// first minute create it beforehand:
-// mqadmin updateTopic -t %RETRY%<group> -c <cluster>.
+// restart, sees the retry topic at once. Subscriber.CreateTopic creates the
+// retry topic together with the topic, so even the first consumer sees it
+// (or ops run mqadmin updateTopic -t %RETRY%<group> -c <cluster>).
 //
 // When the subscription's context ends or the Subscriber is closed, the
 // consumer stops handing out messages, gives back every delivery not yet
@@ -66,7 +66,8 @@ func (s *Subscriber) Group(topic string) string { return s.cfg.GroupPrefix + "-"
 
 // Subscribe starts a push consumer for topic and returns its deliveries. It
 // returns once the consumer has asked the broker for its share of the
-// topic's queues. The topic must exist (see CreateTopic).
+// topic's queues. The topic must exist (see CreateTopic and
+// Subscriber.CreateTopic).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broker.Delivery, error) {
 	if err := broker.ValidateTopic(topic); err != nil {
 		return nil, err

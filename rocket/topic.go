@@ -20,6 +20,29 @@ func CreateTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 	if err := broker.ValidateTopic(topic); err != nil {
 		return err
 	}
+	return createRouted(ctx, nameServers, brokerAddr, topic, queues)
+}
+
+// CreateTopic creates topic as the package's CreateTopic does and, with it,
+// the retry topic of the consumer group this Subscriber consumes topic in.
+// A consumer of a group whose retry topic exists when it starts gets a
+// delivery it gave back (Nack, or unsettled at close) again after about a
+// second; otherwise only after its first route refresh, 30 to 40 seconds
+// (see Subscriber).
+func (s *Subscriber) CreateTopic(ctx context.Context, brokerAddr, topic string, queues int) error {
+	if err := CreateTopic(ctx, s.cfg.NameServers, brokerAddr, topic, queues); err != nil {
+		return err
+	}
+	// One queue, as the broker gives a retry topic it creates itself.
+	return createRouted(ctx, s.cfg.NameServers, brokerAddr, retryTopicPrefix+s.Group(topic), 1)
+}
+
+// retryTopicPrefix starts the name of a consumer group's retry topic.
+const retryTopicPrefix = "%RETRY%"
+
+// createRouted creates or updates name on brokerAddr and waits until the
+// name servers route it.
+func createRouted(ctx context.Context, nameServers []string, brokerAddr, name string, queues int) error {
 	installClientLog()
 	adm, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(nameServers)))
 	if err != nil {
@@ -27,23 +50,23 @@ func CreateTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 	}
 	defer adm.Close()
 	if err := adm.CreateTopic(ctx,
-		admin.WithTopicCreate(topic),
+		admin.WithTopicCreate(name),
 		admin.WithBrokerAddrCreate(brokerAddr),
 		admin.WithReadQueueNums(queues),
 		admin.WithWriteQueueNums(queues),
 	); err != nil {
-		return fmt.Errorf("rocket: create topic %s on %s: %w", topic, brokerAddr, err)
+		return fmt.Errorf("rocket: create topic %s on %s: %w", name, brokerAddr, err)
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		mqs, err := adm.FetchPublishMessageQueues(ctx, topic)
+		mqs, err := adm.FetchPublishMessageQueues(ctx, name)
 		if err == nil && len(mqs) > 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("rocket: topic %s created on %s but not routed by the name servers: %w (last: %v)", topic, brokerAddr, ctx.Err(), err)
+			return fmt.Errorf("rocket: topic %s created on %s but not routed by the name servers: %w (last: %v)", name, brokerAddr, ctx.Err(), err)
 		case <-tick.C:
 		}
 	}
