@@ -174,7 +174,7 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("scanner: begin: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, rescues
+	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = 'published' AND due_ms < ? AND next_attempt_ms <= ?
 ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli(), now.UnixMilli(), s.cfg.BatchSize)
@@ -182,8 +182,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli
 		return 0, fmt.Errorf("scanner: claim: %w", err)
 	}
 	type row struct {
-		id      int64
-		rescues int
+		id int64
 	}
 	var claimed []row
 	var msgs []*broker.Message
@@ -195,7 +194,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli
 			dueMS          int64
 			headers, trace sql.NullString
 		)
-		if err := rows.Scan(&r.id, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation, &r.rescues); err != nil {
+		if err := rows.Scan(&r.id, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("scanner: read claim: %w", err)
 		}
@@ -217,20 +216,25 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli
 		return 0, ctx.Err()
 	}
 	stamp := s.cfg.Now().UnixMilli()
-	rescued := 0
+	var ok []any
 	for i, r := range claimed {
 		if results[i] != nil {
 			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; next pass retries", "id", r.id, "err", results[i])
 			continue
 		}
+		ok = append(ok, r.id)
+	}
+	rescued := len(ok)
+	if rescued > 0 {
 		// Back off per rescue, so a task whose consumer is down is not
-		// re-published every pass: Grace, 2×Grace, … up to an hour.
-		next := stamp + min(s.cfg.Grace<<min(r.rescues, 8), time.Hour).Milliseconds()
-		if _, err := tx.ExecContext(ctx, `UPDATE delay_task SET rescues = rescues + 1, next_attempt_ms = ?, published_ms = ?, updated_ms = ?
-WHERE id = ? AND state = 'published'`, next, stamp, stamp, r.id); err != nil {
-			return 0, fmt.Errorf("scanner: count rescue: %w", err)
+		// re-published every pass: Grace, 2×Grace, … up to an hour. One
+		// statement for the batch; state is re-checked in it.
+		args := append([]any{stamp, s.cfg.Grace.Milliseconds(), time.Hour.Milliseconds(), stamp, stamp}, ok...)
+		if _, err := tx.ExecContext(ctx, `UPDATE delay_task
+SET next_attempt_ms = ? + LEAST(? << LEAST(rescues, 8), ?), rescues = rescues + 1, published_ms = ?, updated_ms = ?
+WHERE state = 'published' AND id IN (?`+strings.Repeat(",?", rescued-1)+")", args...); err != nil {
+			return 0, fmt.Errorf("scanner: count rescues: %w", err)
 		}
-		rescued++
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("scanner: commit: %w", err)

@@ -1,0 +1,105 @@
+package scanner_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// fill inserts n rows in state with due times an hour ago, in bulk through
+// MariaDB's sequence engine.
+func fill(b *testing.B, db *sql.DB, state string, n int, keyPrefix string) {
+	b.Helper()
+	due := time.Now().Add(-time.Hour).UnixMilli()
+	for done := 0; done < n; done += 100_000 {
+		k := min(100_000, n-done)
+		_, err := db.Exec(fmt.Sprintf(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
+SELECT 'bench', CONCAT(?, seq), ? + seq, '', ?, ?, ? FROM seq_%d_to_%d`, done+1, done+k), keyPrefix, due, state, due, due)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func handlerReads(b *testing.B, conn *sql.Conn) int64 {
+	b.Helper()
+	rows, err := conn.QueryContext(context.Background(), "SHOW SESSION STATUS LIKE 'Handler_read%'")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	var total int64
+	for rows.Next() {
+		var name string
+		var v int64
+		if err := rows.Scan(&name, &v); err != nil {
+			b.Fatal(err)
+		}
+		total += v
+	}
+	return total
+}
+
+// BenchmarkRescuePass measures one scanner pass over 10k overdue published
+// rows, with and without a million done rows beside them. It reports the
+// InnoDB handler reads of the pass (rows_read/pass): they stay near 10k
+// whatever the done rows, because the claim is a range of the (state,
+// due_ms) index.
+func BenchmarkRescuePass(b *testing.B) {
+	for _, done := range []int{0, 1_000_000} {
+		b.Run(fmt.Sprintf("done=%d", done), func(b *testing.B) {
+			db, _ := testenv.ScratchDB(b)
+			db.SetMaxOpenConns(1) // one connection, so session counters see the whole pass
+			ctx := context.Background()
+			if _, err := outbox.Migrate(ctx, db); err != nil {
+				b.Fatal(err)
+			}
+			fill(b, db, "done", done, "d")
+			fill(b, db, "published", 10_000, "p")
+			if _, err := db.Exec("ANALYZE TABLE delay_task"); err != nil {
+				b.Fatal(err)
+			}
+			var published int64
+			pub := publishFunc(func(_ context.Context, msgs ...*broker.Message) error { published += int64(len(msgs)); return nil })
+			sc, err := scanner.New(db, pub, scanner.Config{Grace: time.Second, BatchSize: 10_000, Logger: quiet()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var reads int64
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				if _, err := conn.ExecContext(ctx, "UPDATE delay_task SET next_attempt_ms = 0, rescues = 0 WHERE state = 'published'"); err != nil {
+					b.Fatal(err)
+				}
+				before := handlerReads(b, conn)
+				_ = conn.Close()
+				b.StartTimer()
+				n, err := sc.Rescue(ctx)
+				b.StopTimer()
+				if err != nil || n != 10_000 {
+					b.Fatalf("Rescue = %d, %v; want 10000", n, err)
+				}
+				if conn, err = db.Conn(ctx); err != nil {
+					b.Fatal(err)
+				}
+				reads += handlerReads(b, conn) - before
+				b.StartTimer()
+			}
+			b.StopTimer()
+			_ = conn.Close()
+			b.ReportMetric(float64(reads)/float64(b.N), "rows_read/pass")
+		})
+	}
+}
