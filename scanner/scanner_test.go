@@ -154,8 +154,10 @@ func TestScanner_TwoScannersRescueEachTaskOnce(t *testing.T) {
 
 type publishFunc func(ctx context.Context, msgs ...*broker.Message) error
 
-func (f publishFunc) Publish(ctx context.Context, msgs ...*broker.Message) error { return f(ctx, msgs...) }
-func (f publishFunc) Limits() broker.Limits                                      { return broker.Limits{} }
+func (f publishFunc) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	return f(ctx, msgs...)
+}
+func (f publishFunc) Limits() broker.Limits { return broker.Limits{} }
 
 func TestScanner_KilledMidPassLeavesNothingHalfDone(t *testing.T) {
 	t.Parallel()
@@ -203,7 +205,12 @@ func TestScanner_BusinessSourceRunsOnOneScannerAtATime(t *testing.T) {
 			<-release
 			return []string{"o1", "o2"}, nil
 		},
-		Handle: func(ctx context.Context, key string) error { mu.Lock(); handled = append(handled, key); mu.Unlock(); return nil },
+		Handle: func(ctx context.Context, key string) error {
+			mu.Lock()
+			handled = append(handled, key)
+			mu.Unlock()
+			return nil
+		},
 	}
 	s1 := b.scanner(t, b.mem, scanner.Config{Business: src})
 	s2 := b.scanner(t, b.mem, scanner.Config{Business: src})
