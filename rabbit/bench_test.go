@@ -105,6 +105,8 @@ func benchPublisher(b *testing.B, delay time.Duration) {
 	{
 		bb := benchSetup(b)
 		bb.topic("bench")
+		// Two channels of 500: the same 1000 unconfirmed as the raw run.
+		bb.cfg.Channels, bb.cfg.ConfirmWindow = 2, DefaultConfirmWindow/2
 		pub, err := NewPublisher(context.Background(), bb.cfg)
 		if err != nil {
 			b.Fatal(err)

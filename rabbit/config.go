@@ -56,6 +56,10 @@ const (
 	DefaultMaxLength = 5_000_000
 	// DefaultConfirmWindow is how many publishes may await their confirm.
 	DefaultConfirmWindow = 1000
+	// DefaultChannels is how many connections, each with one confirm
+	// channel, a Publisher spreads its calls over. RabbitMQ handles each
+	// channel in its own process, so two let it parse and route in parallel.
+	DefaultChannels = 2
 	// DefaultPrefetch is the unacked deliveries one subscription may hold.
 	DefaultPrefetch = 1000
 	// DefaultConnectionName names the connections in the management UI and
@@ -109,9 +113,13 @@ type Config struct {
 	// Publish reports that message failed. Negative means no guard. Default
 	// DefaultMaxLength. Changing it needs the ladder queues deleted first.
 	MaxLength int
-	// ConfirmWindow bounds the publishes awaiting a confirm. Default
-	// DefaultConfirmWindow.
+	// ConfirmWindow bounds the publishes awaiting a confirm on each
+	// channel. Default DefaultConfirmWindow.
 	ConfirmWindow int
+	// Channels is how many connections, each with one confirm channel and
+	// one owner goroutine, a Publisher uses; one Publish call goes through
+	// one of them. Default DefaultChannels.
+	Channels int
 	// Prefetch is the consumer prefetch of each subscription. Early
 	// messages the runtime holds count against it, so it should exceed the
 	// due rate × (Unit + Lead). Default DefaultPrefetch.
@@ -158,6 +166,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ConfirmWindow <= 0 {
 		c.ConfirmWindow = DefaultConfirmWindow
+	}
+	if c.Channels <= 0 {
+		c.Channels = DefaultChannels
 	}
 	if c.Prefetch <= 0 {
 		c.Prefetch = DefaultPrefetch

@@ -191,6 +191,8 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 
 func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 	b := setup(t)
+	// One channel, which will not declare "ghost" again once deleted.
+	b.cfg.Channels = 1
 	pub, sub := b.clients(t, "good")
 	b.topic("ghost")
 	topo := topology{cfg: b.cfg}
@@ -236,6 +238,9 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 
 func TestPublisher_ReturnedMessageIsReportedFailedAlone(t *testing.T) {
 	b := setup(t)
+	// One channel: it declared "gone" once and will not declare it again
+	// after the test deletes it; a second channel would.
+	b.cfg.Channels = 1
 	pub, _ := b.clients(t, "here")
 	b.topic("gone")
 	topo := topology{cfg: b.cfg}

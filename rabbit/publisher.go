@@ -17,9 +17,10 @@ import (
 
 // Publisher publishes messages into the ladder or the delayed-message
 // exchange with persistent delivery, mandatory routing and pipelined
-// publisher confirms. One goroutine owns its connection and confirm channel;
-// Publish hands it work and waits for the confirms, so many callers share
-// one window of unconfirmed messages. When the connection drops, every
+// publisher confirms. Each of Config.Channels goroutines owns a connection
+// and its confirm channel; Publish hands a call's messages to whichever is
+// free and waits for the confirms, so many callers share the windows of
+// unconfirmed messages. When the connection drops, every
 // message still awaiting its confirm is reported failed with
 // ErrConnectionLost, and the Publisher reconnects with backoff.
 //
@@ -32,7 +33,8 @@ type Publisher struct {
 
 	reqs      chan *pubRequest
 	stop      chan struct{}
-	done      chan struct{}
+	wg        sync.WaitGroup // the owner goroutines
+	done      chan struct{}  // closed when they all ended
 	closeOnce sync.Once
 
 	idBase string
@@ -85,16 +87,28 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		done:   make(chan struct{}),
 		idBase: strconv.FormatInt(time.Now().UnixNano(), 36) + "-",
 	}
-	l := &pubLoop{p: p, pending: map[uint64]pendingMsg{}, returned: map[string]string{}, declared: map[string]bool{}}
-	conn, err := dial(ctx, cfg, "publisher")
-	if err != nil {
-		return nil, err
+	loops := make([]*pubLoop, cfg.Channels)
+	for i := range loops {
+		l := &pubLoop{p: p, role: fmt.Sprintf("publisher %d", i), pending: map[uint64]pendingMsg{}, returned: map[string]string{}, declared: map[string]bool{}}
+		conn, err := dial(ctx, cfg, l.role)
+		if err == nil {
+			if err = l.attach(conn); err != nil {
+				closeQuietly(conn)
+			}
+		}
+		if err != nil {
+			for _, l := range loops[:i] {
+				closeQuietly(l.conn)
+			}
+			return nil, err
+		}
+		loops[i] = l
 	}
-	if err := l.attach(conn); err != nil {
-		closeQuietly(conn)
-		return nil, err
+	p.wg.Add(len(loops))
+	for _, l := range loops {
+		go l.run()
 	}
-	go l.run()
+	go func() { p.wg.Wait(); close(p.done) }()
 	return p, nil
 }
 
@@ -200,6 +214,7 @@ type pendingMsg struct {
 // pubLoop is the state of the owner goroutine. Nothing else touches it.
 type pubLoop struct {
 	p        *Publisher
+	role     string // connection name suffix
 	conn     *amqp.Connection
 	ch       *amqp.Channel // confirm mode, publishes only
 	topoCh   *amqp.Channel // declarations, so a refused one cannot kill ch
@@ -242,7 +257,7 @@ func (l *pubLoop) attach(conn *amqp.Connection) error {
 
 func (l *pubLoop) run() {
 	p := l.p
-	defer close(p.done)
+	defer p.wg.Done()
 	for {
 		if l.ch == nil && !l.reconnect() {
 			l.shutdown()
@@ -407,7 +422,7 @@ func (l *pubLoop) reconnect() bool {
 			return false
 		case <-t.C:
 		}
-		conn, err := dial(context.Background(), p.cfg, "publisher")
+		conn, err := dial(context.Background(), p.cfg, l.role)
 		if err == nil {
 			if err = l.attach(conn); err != nil {
 				closeQuietly(conn)

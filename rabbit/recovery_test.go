@@ -180,7 +180,7 @@ func TestPublisher_KilledConnectionNeverReportsUnconfirmedAsConfirmed(t *testing
 	// Publish batches while the connection is killed under them.
 	var confirmed []string
 	failed := 0
-	pid := connectionPID(t, b.cfg.ConnectionName+" publisher")
+	pid := connectionPID(t, b.cfg.ConnectionName+" publisher 0")
 	killed := false
 	for batch := 0; batch < 30; batch++ {
 		if batch == 5 {
@@ -225,7 +225,7 @@ func TestPublisher_KilledConnectionNeverReportsUnconfirmedAsConfirmed(t *testing
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if pid2 := connectionPID(t, b.cfg.ConnectionName+" publisher"); pid2 == pid {
+	if pid2 := connectionPID(t, b.cfg.ConnectionName+" publisher 0"); pid2 == pid {
 		t.Errorf("the publisher did not reconnect")
 	}
 }
