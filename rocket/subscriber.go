@@ -49,6 +49,8 @@ type Subscriber struct {
 	mu     sync.Mutex
 	closed bool
 	subs   map[*subscription]struct{}
+
+	retryRouted sync.Map // topic -> struct{}: CreateTopic made the group's retry topic
 }
 
 // NewSubscriber returns a Subscriber on cfg.NameServers. Close it with Close.
@@ -84,13 +86,27 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 		from = consumer.ConsumeFromLastOffset
 	}
 	// The allocation strategy is the one public place where the client
-	// shows that a rebalance gave this consumer its share of the topic.
+	// shows that a rebalance gave this consumer its share of a topic. Wait
+	// for the topic and, when it is known to be routed, the group's retry
+	// topic: the first rebalance then got past both, and the client's own
+	// requests in it happened before Subscribe returned (see shutdown).
+	want := map[string]bool{topic: true}
+	if _, ok := s.retryRouted.Load(topic); ok {
+		want[retryTopicPrefix+s.Group(topic)] = true
+	}
 	assigned := make(chan struct{})
-	var assignedOnce sync.Once
+	var allocMu sync.Mutex
 	allocate := func(group, cid string, mqAll []*primitive.MessageQueue, cidAll []string) []*primitive.MessageQueue {
 		mine := consumer.AllocateByAveragely(group, cid, mqAll, cidAll)
-		if len(mqAll) > 0 && mqAll[0].Topic == topic {
-			assignedOnce.Do(func() { close(assigned) })
+		if len(mqAll) > 0 {
+			allocMu.Lock()
+			if want[mqAll[0].Topic] {
+				delete(want, mqAll[0].Topic)
+				if len(want) == 0 {
+					close(assigned)
+				}
+			}
+			allocMu.Unlock()
 		}
 		return mine
 	}
@@ -282,7 +298,8 @@ func (s *subscription) shutdown() {
 	// unregisters it). A rebalance running while Shutdown closes the client
 	// races with it inside the client (rmqClient.close is a plain bool, read
 	// by every request). A suspended consumer skips new rebalances; the
-	// pause lets one already under way finish its few requests.
+	// pause lets one already under way finish its few requests. The
+	// rebalance Start runs ignores the pause; Subscribe waited for it.
 	s.pc.Suspend()
 	time.Sleep(rebalanceSettle)
 	if err := s.pc.Shutdown(); err != nil {

@@ -34,7 +34,11 @@ func (s *Subscriber) CreateTopic(ctx context.Context, brokerAddr, topic string, 
 		return err
 	}
 	// One queue, as the broker gives a retry topic it creates itself.
-	return createRouted(ctx, s.cfg.NameServers, brokerAddr, retryTopicPrefix+s.Group(topic), 1)
+	if err := createRouted(ctx, s.cfg.NameServers, brokerAddr, retryTopicPrefix+s.Group(topic), 1); err != nil {
+		return err
+	}
+	s.retryRouted.Store(topic, struct{}{})
+	return nil
 }
 
 // retryTopicPrefix starts the name of a consumer group's retry topic.
