@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"strings"
@@ -169,4 +170,20 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("round trip changed %+v into %+v", m, again)
 		}
 	})
+}
+
+func TestPublishError_UnwrapFindsAnyFailure(t *testing.T) {
+	t.Parallel()
+	nacked := errors.New("nacked")
+	err := error(&broker.PublishError{Failed: map[int]error{3: nacked, 1: broker.ErrRejected}})
+	if !errors.Is(err, nacked) || !errors.Is(err, broker.ErrRejected) {
+		t.Fatalf("errors.Is cannot see the failures of %v", err)
+	}
+	res := broker.PublishResults(err, 4)
+	if res[0] != nil || res[2] != nil || res[1] != broker.ErrRejected || res[3] != nacked {
+		t.Fatalf("PublishResults = %v", res)
+	}
+	if all := broker.PublishResults(context.Canceled, 2); all[0] != context.Canceled || all[1] != context.Canceled {
+		t.Fatalf("a plain error must fail every message: %v", all)
+	}
 }

@@ -68,6 +68,22 @@ func (e *PublishError) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the failures in index order, so errors.Is and errors.As
+// find a cause that any failed message had. Use PublishResults to learn
+// which message failed how.
+func (e *PublishError) Unwrap() []error {
+	idx := make([]int, 0, len(e.Failed))
+	for i := range e.Failed {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	out := make([]error, len(idx))
+	for n, i := range idx {
+		out[n] = e.Failed[i]
+	}
+	return out
+}
+
 // PublishResults spreads the error of a Publish call of n messages over the
 // messages: nil for each confirmed one, its cause for each that was not. An
 // error that is not a *PublishError failed every message.
