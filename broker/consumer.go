@@ -17,6 +17,12 @@ import (
 // The context is cancelled at the handler timeout and on a forced shutdown.
 type Handler func(ctx context.Context, m *Message) error
 
+// BatchHandler runs several due messages at once, all or nothing: nil acks
+// every one of them; an error sends each through the Handler one at a
+// time, which then retries or dead-letters it on its own. It lets a
+// database-bound handler commit many tasks in one transaction.
+type BatchHandler func(ctx context.Context, msgs []*Message) error
+
 // Backoff shapes the delay before each retry: Initial, multiplied by
 // Multiplier per failed attempt up to Max, each randomised by ±Jitter (a
 // fraction). The zero value means the defaults in ConsumerConfig.
@@ -65,6 +71,12 @@ type ConsumerConfig struct {
 	// DeadLetter receives what the runtime gives up on. Default: published
 	// to DefaultDeadTopic through the consumer's publisher.
 	DeadLetter DeadLetter
+	// Batch, when set, receives the due messages a worker finds waiting,
+	// up to BatchSize at a time; the Handler remains the fallback for a
+	// failed batch and for messages that arrive alone.
+	Batch BatchHandler
+	// BatchSize bounds one batch. Default 50 when Batch is set.
+	BatchSize int
 	// Hooks are metric callbacks.
 	Hooks Hooks
 	// Logger receives the runtime's logs. Default slog.Default().
@@ -113,6 +125,9 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	}
 	if c.HandlerTimeout <= 0 {
 		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 50
 	}
 	if c.Horizon <= 0 {
 		c.Horizon = DefaultHorizon
@@ -320,7 +335,76 @@ func (c *Consumer) worker() {
 		case <-c.stopping:
 			return
 		case j := <-c.work:
+			if c.cfg.Batch == nil || !c.ready(j) {
+				c.process(j)
+				continue
+			}
+			batch := []job{j}
+		fill:
+			for len(batch) < c.cfg.BatchSize {
+				select {
+				case j2 := <-c.work:
+					if c.ready(j2) {
+						batch = append(batch, j2)
+					} else {
+						c.process(j2)
+					}
+				default:
+					break fill
+				}
+			}
+			if len(batch) == 1 {
+				c.process(j)
+			} else {
+				c.processBatch(batch)
+			}
+		}
+	}
+}
+
+// ready reports whether j can go to the handler right now: decoded, due,
+// and not beyond the horizon.
+func (c *Consumer) ready(j job) bool {
+	return j.d.Err == nil && j.d.Message != nil && !c.cfg.Now().Before(j.d.Message.DeliverAt)
+}
+
+// processBatch runs due messages through the BatchHandler in one call and
+// acks them all after it returned nil; on an error each goes through the
+// one-at-a-time path.
+func (c *Consumer) processBatch(batch []job) {
+	now := c.cfg.Now()
+	msgs := make([]*Message, len(batch))
+	for i, j := range batch {
+		msgs[i] = j.d.Message.Clone()
+	}
+	err := func() (err error) {
+		ctx, cancel := context.WithTimeout(c.hardCtx, c.cfg.HandlerTimeout)
+		defer cancel()
+		defer func() {
+			if r := recover(); r != nil {
+				c.log.Error("delaybridge: batch handler panicked", "messages", len(msgs), "panic", r, "stack", string(debug.Stack()))
+				err = fmt.Errorf("batch handler panicked: %v", r)
+			}
+		}()
+		return c.cfg.Batch(ctx, msgs)
+	}()
+	if err != nil {
+		if c.hardCtx.Err() != nil {
+			for _, j := range batch {
+				c.nack(j)
+			}
+			return
+		}
+		c.log.Info("delaybridge: batch failed; handling its messages one at a time", "messages", len(batch), "err", err)
+		for _, j := range batch {
 			c.process(j)
+		}
+		return
+	}
+	for _, j := range batch {
+		c.ack(j)
+		if c.cfg.Hooks.Handled != nil {
+			c.cfg.Hooks.Handled(j.topic, max(now.Sub(j.d.Message.DeliverAt), 0))
 		}
 	}
 }
