@@ -562,7 +562,10 @@ func (c *Consumer) ack(j job) {
 }
 
 func (c *Consumer) nack(j job) {
-	if err := j.d.Acker.Nack(); err != nil {
+	if err := j.d.Acker.Nack(); errors.Is(err, ErrClosed) {
+		// The subscription already gave it back when it ended.
+		c.log.Debug("delaybridge: delivery already given back", "topic", j.topic)
+	} else if err != nil {
 		c.log.Warn("delaybridge: nack failed; the broker redelivers after the connection closes", "topic", j.topic, "err", err)
 	}
 }

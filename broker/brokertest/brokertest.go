@@ -80,6 +80,9 @@ type recorder struct {
 	handled map[string][]record
 	dead    map[string]error
 	changed chan struct{}
+	// malformed counts undecodable deliveries; their reasons in order.
+	malformed        int
+	malformedReasons []error
 }
 
 func newRecorder() *recorder {
@@ -101,6 +104,10 @@ func (r *recorder) Dead(ctx context.Context, d *broker.Delivery, reason error) e
 	}
 	r.mu.Lock()
 	r.dead[key] = reason
+	if d.Message == nil {
+		r.malformed++
+		r.malformedReasons = append(r.malformedReasons, reason)
+	}
 	r.mu.Unlock()
 	r.notify()
 	return nil
@@ -205,6 +212,7 @@ func testShortDelay(t *testing.T, h Harness) {
 	for i, d := range []time.Duration{500 * time.Millisecond, 1 * time.Second, 1500 * time.Millisecond, 2 * time.Second, 0} {
 		sent = append(sent, message(topic, fmt.Sprintf("short-%d", i), now.Add(d)))
 	}
+	sent[4].Payload = nil // an empty payload must survive too
 	sent[0].Headers = map[string]string{"trace-note": "kept"}
 	sent[0].Trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	publish(t, pub, sent...)
@@ -303,14 +311,29 @@ func testMalformed(t *testing.T, h Harness) {
 	r := newRecorder()
 	_, pub := startConsumer(t, h, topic, r.handle, r, broker.ConsumerConfig{})
 	h.PublishRaw(t, topic, map[string]string{"foreign": "yes"}, []byte("not ours"))
+	// An envelope whose due time is not a number, and one due in 9999.
+	bad := broker.Encode(message(topic, "bad-due", time.Now()))
+	bad[broker.HeaderDeliverAt] = "tomorrow"
+	h.PublishRaw(t, topic, bad, []byte("x"))
+	far := broker.Encode(message(topic, "year-9999", time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)))
+	h.PublishRaw(t, topic, far, []byte("x"))
 	publish(t, pub, message(topic, "good-after-malformed", time.Now()))
-	r.waitFor(t, 20*time.Second+h.Features.LateBound, "the malformed message dead and the good one handled", func() bool {
-		return r.dead["malformed"] != nil && len(r.handled["good-after-malformed"]) > 0
+	r.waitFor(t, 20*time.Second+h.Features.LateBound, "the malformed messages dead and the good one handled", func() bool {
+		return r.dead["malformed"] != nil && r.dead["year-9999"] != nil && r.malformed >= 2 && len(r.handled["good-after-malformed"]) > 0
 	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !errors.Is(r.dead["malformed"], broker.ErrNoEnvelope) {
-		t.Errorf("malformed dead reason = %v, want ErrNoEnvelope", r.dead["malformed"])
+	if !errors.Is(r.dead["year-9999"], broker.ErrTooFar) {
+		t.Errorf("year-9999 dead reason = %v, want ErrTooFar", r.dead["year-9999"])
+	}
+	var noEnvelope, badDue bool
+	for _, reason := range r.malformedReasons {
+		noEnvelope = noEnvelope || errors.Is(reason, broker.ErrNoEnvelope)
+		var ee *broker.EnvelopeError
+		badDue = badDue || (errors.As(reason, &ee) && ee.Header == broker.HeaderDeliverAt)
+	}
+	if !noEnvelope || !badDue {
+		t.Errorf("dead reasons %v: want one ErrNoEnvelope and one EnvelopeError naming %s", r.malformedReasons, broker.HeaderDeliverAt)
 	}
 }
 

@@ -9,6 +9,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"sync"
 	"time"
@@ -257,7 +258,7 @@ func (a *acker) settle(requeue bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if a.done {
-		return errors.New("memory: delivery already settled or given back")
+		return fmt.Errorf("memory: delivery already settled or given back: %w", broker.ErrClosed)
 	}
 	a.done = true
 	delete(a.s.unacked, a)

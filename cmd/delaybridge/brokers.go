@@ -168,10 +168,17 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, err)
 		}
 		c := &clients{pub: pub, close: func() { _ = pub.Close() }, addr: cfg.NameServers[0]}
+		var rsub *rocket.Subscriber
 		c.ensure = func(ctx context.Context, topics ...string) error {
 			for _, t := range topics {
 				tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				err := rocket.CreateTopic(tctx, cfg.NameServers, b.rocketAddr, t, b.rocketQs)
+				var err error
+				if rsub != nil {
+					// Also the group's retry topic, so a Nack comes back in a second.
+					err = rsub.CreateTopic(tctx, b.rocketAddr, t, b.rocketQs)
+				} else {
+					err = rocket.CreateTopic(tctx, cfg.NameServers, b.rocketAddr, t, b.rocketQs)
+				}
 				cancel()
 				if err != nil {
 					return err
@@ -186,6 +193,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 				return nil, err
 			}
 			c.sub = sub
+			rsub = sub
 			c.close = func() { _ = sub.Close(); _ = pub.Close() }
 		}
 		return c, nil
