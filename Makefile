@@ -10,7 +10,7 @@ WITH_SERVICES_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: services services-down test test-unit demo bench lint FORCE
+.PHONY: services services-down test test-unit demo bench lint fuzz FORCE
 
 services:
 	$(SERVICES) up
@@ -18,9 +18,20 @@ services:
 services-down:
 	$(SERVICES) down
 
-# Lint, start (or reuse) the services, then every test against them.
+# Lint, start (or reuse) the services, then every test against them, one
+# package at a time: some tests restart a broker, which must not hit another
+# package's tests mid-flight. Then a short run of every fuzz target.
 test: lint services
-	$(WITH_SERVICES_ENV) go test -count=1 -timeout 40m ./...
+	$(WITH_SERVICES_ENV) go test -count=1 -p 1 -timeout 40m ./...
+	$(MAKE) fuzz FUZZTIME=10s
+
+# Each fuzz target for FUZZTIME (default 60s); new crashers land in testdata.
+FUZZTIME ?= 60s
+fuzz:
+	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
+	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
 
 # Unit tests only: no services needed.
 test-unit:
