@@ -91,7 +91,9 @@ func newBenchCmd(a *app) *cobra.Command {
 		perTx      int
 		relayWkrs  int
 		concurrent int
+		batch      int
 		wait       time.Duration
+		httpAddr   string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -177,8 +179,49 @@ applied twice.`,
 					return err
 				}
 			}
-			consumer, err := broker.NewConsumer(cl.sub, cl.pub, h, broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log,
-				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic))})
+			m := newMetrics(db, 30*time.Second, a.log)
+			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)
+			if err != nil {
+				return err
+			}
+			defer stopHTTP()
+			ccfg := broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log, Hooks: m.consumerHooks(),
+				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic))}
+			if handler == "db" && batch > 1 {
+				ccfg.BatchSize = batch
+				ccfg.Batch = func(ctx context.Context, msgs []*broker.Message) error {
+					mine := make([]*broker.Message, 0, len(msgs))
+					for _, m := range msgs {
+						if _, ok := record(m); ok {
+							mine = append(mine, m)
+						}
+					}
+					if len(mine) == 0 {
+						return nil
+					}
+					now := time.Now()
+					out, err := outbox.HandleBatch(ctx, db, mine, func(ctx context.Context, tx *sql.Tx, live []*broker.Message) error {
+						args := make([]any, len(live))
+						for i, m := range live {
+							args[i] = m.Key
+						}
+						_, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE status = 'UNPAID' AND id IN (?"+
+							strings.Repeat(",?", len(args)-1)+")", args...)
+						return err
+					})
+					if err != nil {
+						return err
+					}
+					for i, m := range mine {
+						if out[i] == outbox.Handled || out[i] == outbox.SkippedDone {
+							j, _ := record(m)
+							run.seen(j, now)
+						}
+					}
+					return nil
+				}
+			}
+			consumer, err := broker.NewConsumer(cl.sub, cl.pub, h, ccfg)
 			if err != nil {
 				return err
 			}
@@ -203,7 +246,7 @@ applied twice.`,
 				fmt.Fprintf(a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", tasks, tps)
 			}
 
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, Logger: a.log, IdleMax: 50 * time.Millisecond})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, Logger: a.log, IdleMax: 50 * time.Millisecond, Hooks: m.relayHooks()})
 			if err != nil {
 				return err
 			}
@@ -342,6 +385,8 @@ applied twice.`,
 	f.IntVar(&perTx, "per-tx", 1, "tasks scheduled per transaction")
 	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
 	f.IntVar(&concurrent, "concurrency", 32, "consumer handler concurrency")
+	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
+	f.IntVar(&batch, "batch", 1, "with --handler db, handle up to this many due tasks in one transaction (outbox.HandleBatch)")
 	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	return cmd
 }

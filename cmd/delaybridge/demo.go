@@ -28,6 +28,7 @@ func newDemoCmd(a *app) *cobra.Command {
 		payRatio float64
 		asJSON   bool
 		wait     time.Duration
+		httpAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -64,9 +65,15 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			}
 			defer cl.close()
 
+			m := newMetrics(db, 30*time.Second, a.log)
+			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)
+			if err != nil {
+				return err
+			}
+			defer stopHTTP()
 			work, stopWork := context.WithCancel(ctx)
 			defer stopWork()
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.relayHooks()})
 			if err != nil {
 				return err
 			}
@@ -80,7 +87,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return err
 			}
 			consumer, err := broker.NewConsumer(cl.sub, cl.pub, svc.CancelHandler(), broker.ConsumerConfig{
-				Concurrency: 16, Logger: a.log, DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)),
+				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(), DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)),
 			})
 			if err != nil {
 				return err
@@ -169,5 +176,6 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 	f.Float64Var(&payRatio, "pay-ratio", 0.5, "share of orders a customer tries to pay")
 	f.BoolVar(&asJSON, "json", false, "end with one JSON object on the last line")
 	f.DurationVar(&wait, "wait", 60*time.Second, "how long past the last timeout to wait for every order to settle")
+	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the demo runs (empty = off)")
 	return cmd
 }

@@ -135,6 +135,26 @@ back (up to --drain) and exits 0.`,
 	return cmd
 }
 
+// serveMetrics serves m on addr until the returned stop is called; an
+// empty addr serves nothing.
+func (a *app) serveMetrics(addr string, m *metrics, db *sql.DB, brokerAddr string) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: a.httpHandler(m, db, brokerAddr), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	fmt.Fprintf(a.stderr, "metrics on http://%s/metrics\n", ln.Addr())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
 // httpHandler serves metrics and health.
 func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handler {
 	mux := http.NewServeMux()

@@ -162,11 +162,12 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 		name    string
 		flags   func(*testing.T) []string
 		handler string
-	}{{"rabbit", rabbitFlags, "db"}, {"rocket", rocketFlags, "noop"}} {
+		extra   []string
+	}{{"rabbit", rabbitFlags, "db", []string{"--batch", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
 		t.Run(b.name, func(t *testing.T) {
 			_, dsn := testenv.ScratchDB(t)
 			out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "400", "--delay", "1s", "--spread", "1s", "--per-tx", "10",
-				"--handler", b.handler, "--baseline", "--json", "--wait", "60s", "--log-level", "error"}, b.flags(t)...)...)
+				"--handler", b.handler, "--baseline", "--json", "--wait", "60s", "--log-level", "error"}, append(b.flags(t), b.extra...)...)...)
 			m := lastJSON(t, out)
 			if m["tasks"] != 400.0 || m["handled"] != 400.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
 				t.Fatalf("bench summary %v", m)
