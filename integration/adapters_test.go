@@ -21,10 +21,10 @@ type adapter struct {
 	name string
 	// open returns a publisher and a subscriber for topic, closed at
 	// cleanup. Every call in one test shares the broker-side topology.
-	open func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber)
+	open func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber)
 	// lose destroys every copy the broker holds of topic's messages. No
 	// consumer of topic may run while it does.
-	lose func(t *testing.T, topic string)
+	lose func(t testing.TB, topic string)
 }
 
 // Small hop limits so the flows exercise hops within seconds.
@@ -39,7 +39,7 @@ const (
 func eachAdapter(t *testing.T, f func(t *testing.T, ad adapter)) {
 	for _, a := range []struct {
 		name string
-		mk   func(*testing.T) adapter
+		mk   func(testing.TB) adapter
 	}{{"rabbit", rabbitAdapter}, {"rocket", rocketAdapter}} {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
@@ -48,11 +48,11 @@ func eachAdapter(t *testing.T, f func(t *testing.T, ad adapter)) {
 	}
 }
 
-func rabbitAdapter(t *testing.T) adapter {
+func rabbitAdapter(t testing.TB) adapter {
 	cfg := rabbitConfig(t)
 	return adapter{
 		name: "rabbit",
-		open: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
+		open: func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber) {
 			pub, err := rabbit.NewPublisher(context.Background(), cfg)
 			if err != nil {
 				t.Fatalf("rabbit.NewPublisher: %v", err)
@@ -64,7 +64,7 @@ func rabbitAdapter(t *testing.T) adapter {
 			t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
 			return pub, sub
 		},
-		lose: func(t *testing.T, topic string) {
+		lose: func(t testing.TB, topic string) {
 			conn, err := amqp.Dial(cfg.URL)
 			if err != nil {
 				t.Fatal(err)
@@ -99,7 +99,7 @@ func ladderQueues(cfg rabbit.Config) []string {
 
 // rabbitConfig returns a ladder under a fresh prefix, deleted when the
 // test ends.
-func rabbitConfig(t *testing.T) rabbit.Config {
+func rabbitConfig(t testing.TB) rabbit.Config {
 	t.Helper()
 	url := testenv.AMQP(t)
 	prefix := testenv.Name("it")
@@ -108,14 +108,14 @@ func rabbitConfig(t *testing.T) rabbit.Config {
 	return cfg
 }
 
-func rocketAdapter(t *testing.T) adapter {
+func rocketAdapter(t testing.TB) adapter {
 	brokerAddr := "127.0.0.1:10911"
 	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR"); a != "" {
 		brokerAddr = a
 	}
 	return adapter{
 		name: "rocket",
-		open: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
+		open: func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber) {
 			ns := strings.Split(testenv.RocketMQ(t), ",")
 			createRocketTopic(t, ns, brokerAddr, topic)
 			cfg := rocket.Config{NameServers: ns, Limits: rocket.TimerLimits(rocketHop, rocketPrec), GroupPrefix: "it"}
@@ -130,7 +130,7 @@ func rocketAdapter(t *testing.T) adapter {
 			t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
 			return pub, sub
 		},
-		lose: func(t *testing.T, topic string) {
+		lose: func(t testing.TB, topic string) {
 			// Timer messages still in the broker's wheel would be written to
 			// the topic when due, so the caller waits until they are due;
 			// deleting the topic then drops every copy.
@@ -141,7 +141,7 @@ func rocketAdapter(t *testing.T) adapter {
 	}
 }
 
-func createRocketTopic(t *testing.T, ns []string, brokerAddr, topic string) {
+func createRocketTopic(t testing.TB, ns []string, brokerAddr, topic string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -30,7 +30,7 @@ type flow struct {
 	runs    atomic.Int64
 }
 
-func newFlow(t *testing.T) *flow {
+func newFlow(t testing.TB) *flow {
 	t.Helper()
 	db, _ := testenv.ScratchDB(t)
 	ctx := context.Background()
@@ -45,7 +45,7 @@ func newFlow(t *testing.T) *flow {
 }
 
 // order writes an unpaid order and its cancellation task in one transaction.
-func (f *flow) order(t *testing.T, id string, due time.Time) {
+func (f *flow) order(t testing.TB, id string, due time.Time) {
 	t.Helper()
 	tx, err := f.db.Begin()
 	if err != nil {
@@ -65,7 +65,7 @@ func (f *flow) order(t *testing.T, id string, due time.Time) {
 
 // handler cancels the order if unpaid, counting every applied effect, and
 // fails the test when it runs before the task is due.
-func (f *flow) handler(t *testing.T) broker.Handler {
+func (f *flow) handler(t testing.TB) broker.Handler {
 	return func(ctx context.Context, m *broker.Message) error {
 		now := time.Now()
 		if now.Before(m.DeliverAt) {
@@ -88,7 +88,7 @@ func (f *flow) handler(t *testing.T) broker.Handler {
 	}
 }
 
-func (f *flow) consume(t *testing.T, pub broker.Publisher, sub broker.Subscriber) {
+func (f *flow) consume(t testing.TB, pub broker.Publisher, sub broker.Subscriber) {
 	t.Helper()
 	c, err := broker.NewConsumer(sub, pub, f.handler(t), broker.ConsumerConfig{Logger: quiet(), Concurrency: 16,
 		DeadLetter: outbox.DeadLetter(f.db, nil)})
@@ -105,7 +105,7 @@ func (f *flow) consume(t *testing.T, pub broker.Publisher, sub broker.Subscriber
 	})
 }
 
-func (f *flow) relay(t *testing.T, pub broker.Publisher) {
+func (f *flow) relay(t testing.TB, pub broker.Publisher) {
 	t.Helper()
 	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond})
 	if err != nil {
@@ -117,7 +117,7 @@ func (f *flow) relay(t *testing.T, pub broker.Publisher) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func (f *flow) count(t *testing.T, q string, args ...any) int {
+func (f *flow) count(t testing.TB, q string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := f.db.QueryRow(q, args...).Scan(&n); err != nil {
@@ -127,7 +127,7 @@ func (f *flow) count(t *testing.T, q string, args ...any) int {
 }
 
 // waitDone waits until n tasks are done.
-func (f *flow) waitDone(t *testing.T, n int, timeout time.Duration) {
+func (f *flow) waitDone(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -143,7 +143,7 @@ func (f *flow) waitDone(t *testing.T, n int, timeout time.Duration) {
 }
 
 // checkOnce asserts every order's effect was applied exactly once.
-func (f *flow) checkOnce(t *testing.T, n int) {
+func (f *flow) checkOnce(t testing.TB, n int) {
 	t.Helper()
 	if got := f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND effects = 1"); got != n {
 		t.Fatalf("%d orders cancelled exactly once, want %d (duplicate effects: %d)", got, n,

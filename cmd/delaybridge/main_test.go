@@ -162,6 +162,13 @@ func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("# comment\nlog-level = \"error\"\nmysql-dsn = file:file@tcp(127.0.0.1:1)/x\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// make test exports the local services' settings; start from none.
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
 	t.Setenv("DELAYBRIDGE_CONFIG", file)
 	if got := settingsAfter(t, nil); got.mysqlDSN != "file:file@tcp(127.0.0.1:1)/x" || got.logLevel != "error" {
 		t.Fatalf("file: dsn %q level %q", got.mysqlDSN, got.logLevel)
