@@ -31,7 +31,7 @@ func restartBroker(t *testing.T, whileDown func()) {
 	pidfile := filepath.Join(root, ".services", "rocketmq", "broker.pid")
 	raw, err := os.ReadFile(pidfile)
 	if err != nil {
-		t.Fatalf("restart: no broker pid file (was the broker started by scripts/services.sh?): %v", err)
+		t.Fatalf("restart: no broker pid file in this checkout (a broker started from another checkout keeps its store there; run scripts/services.sh down, then up, here): %v", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 	if err != nil || pid <= 1 {

@@ -266,7 +266,7 @@ rocketmq_up() {
 	sed "s|@ROCKETMQ_DIR@|$RMQ_DIR|g" "$SCRIPTS/rocketmq/broker.conf" >"$RMQ_DIR/broker.conf.new"
 	if [[ -f "$RMQ_DIR/broker.conf" ]] && ! cmp -s "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf" && port_open 10911; then
 		log "RocketMQ broker config changed: restarting the broker"
-		stop_pid broker "$RMQ_DIR/broker.pid"
+		stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup
 	fi
 	mv "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf"
 	if port_open 10911; then
@@ -288,11 +288,18 @@ rocketmq_up() {
 		sed 's/^/  rocketmq: /; s/  */ /g' >&2 || true
 }
 
-# stop_pid NAME PIDFILE : SIGTERM (RocketMQ's shutdown hooks run), then SIGKILL after 30 s.
+# stop_pid NAME PIDFILE CLASS : SIGTERM (RocketMQ's shutdown hooks run), then
+# SIGKILL after 30 s. Without a live pid file (a server started from another
+# checkout) it finds the JVM by its main CLASS.
 stop_pid() {
-	local name="$1" pidfile="$2" pid
+	local name="$1" pidfile="$2" class="$3" pid=""
 	if pid_alive "$pidfile"; then
 		pid=$(cat "$pidfile")
+	else
+		pid=$(pgrep -f "$class" | head -n1 || true)
+		[[ -n "$pid" ]] && log "RocketMQ $name runs without this checkout's pid file (pid $pid, started elsewhere)"
+	fi
+	if [[ -n "$pid" ]]; then
 		log "stopping RocketMQ $name (pid $pid)"
 		kill "$pid" 2>/dev/null || true
 		if ! wait_for "$name" 30 bash -c "! kill -0 $pid 2>/dev/null"; then
@@ -304,8 +311,8 @@ stop_pid() {
 }
 
 rocketmq_down() {
-	stop_pid broker "$RMQ_DIR/broker.pid"
-	stop_pid namesrv "$RMQ_DIR/namesrv.pid"
+	stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup
+	stop_pid namesrv "$RMQ_DIR/namesrv.pid" org.apache.rocketmq.namesrv.NamesrvStartup
 }
 
 # ---------------------------------------------------------------- commands
