@@ -94,6 +94,7 @@ func newBenchCmd(a *app) *cobra.Command {
 		batch      int
 		wait       time.Duration
 		httpAddr   string
+		relayOnly  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -228,8 +229,10 @@ applied twice.`,
 			if err := cl.ensure(ctx, benchTopic, broker.DefaultDeadTopic); err != nil {
 				return err
 			}
-			if err := consumer.Start(ctx, benchTopic); err != nil {
-				return err
+			if !relayOnly {
+				if err := consumer.Start(ctx, benchTopic); err != nil {
+					return err
+				}
 			}
 			defer func() {
 				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -319,6 +322,20 @@ applied twice.`,
 			}
 			res.RelayTPS = float64(res.Scheduled) / time.Since(relayStart).Seconds()
 
+			if relayOnly {
+				stopWork()
+				fmt.Fprintf(a.stdout, "bench %s (%s), relay only: %d tasks scheduled at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
+				if baseline {
+					fmt.Fprintf(a.stdout, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
+				}
+				fmt.Fprintln(a.stdout)
+				if asJSON {
+					b, _ := json.Marshal(map[string]any{"broker": res.Broker, "mode": res.Mode, "tasks": tasks, "scheduled": res.Scheduled,
+						"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS})
+					fmt.Fprintln(a.stdout, string(b))
+				}
+				return nil
+			}
 			// Wait for the handlers.
 			var lastDue int64
 			for _, d := range run.due {
@@ -386,6 +403,7 @@ applied twice.`,
 	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
 	f.IntVar(&concurrent, "concurrency", 32, "consumer handler concurrency")
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
+	f.BoolVar(&relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&batch, "batch", 1, "with --handler db, handle up to this many due tasks in one transaction (outbox.HandleBatch)")
 	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	return cmd
