@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -24,13 +26,8 @@ func newDeadCmd(a *app) *cobra.Command {
 		Use:   "list",
 		Short: "List dead tasks, oldest due first, with their last error",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			dead, err := outbox.ListDead(cmd.Context(), db, limit)
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
+			dead, err := outbox.ListDead(ctx, db, limit)
 			if err != nil {
 				return err
 			}
@@ -49,7 +46,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(a.stdout, "%d dead task(s)\n", len(dead))
 			return nil
-		},
+		}),
 	}
 	list.Flags().IntVar(&limit, "limit", 100, "most tasks to list")
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -57,18 +54,13 @@ func newDeadCmd(a *app) *cobra.Command {
 		Use:   "replay TOPIC KEY",
 		Short: "Put a dead task back to pending with its attempts reset",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := outbox.Replay(cmd.Context(), db, args[0], args[1]); err != nil {
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+			if err := outbox.Replay(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", args[0], args[1])
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(list, replay)
 	return cmd

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -13,13 +15,8 @@ func newMigrateCmd(a *app) *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or upgrade the delay_task outbox table (idempotent)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			applied, err := outbox.Migrate(cmd.Context(), db)
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
+			applied, err := outbox.Migrate(ctx, db)
 			if err != nil {
 				return err
 			}
@@ -29,6 +26,6 @@ func newMigrateCmd(a *app) *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "applied migrations %v\n", applied)
 			return nil
-		},
+		}),
 	}
 }

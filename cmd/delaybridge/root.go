@@ -99,6 +99,19 @@ func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
+// dbRun adapts fn into a RunE that opens the outbox database for it and
+// closes it afterwards.
+func (a *app) dbRun(fn func(ctx context.Context, db *sql.DB, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		db, err := a.openDB(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return fn(cmd.Context(), db, args)
+	}
+}
+
 // scrub removes any secret of dsn that a driver error might echo.
 func scrub(err error, secrets ...string) error {
 	msg := err.Error()

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -22,14 +24,9 @@ func newStatusCmd(a *app) *cobra.Command {
 		Use:   "status",
 		Short: "Show the outbox backlog, overdue and dead tasks, and recent lateness",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
-			st, err := outbox.ReadStats(cmd.Context(), db, now, grace, window)
+			st, err := outbox.ReadStats(ctx, db, now, grace, window)
 			if err != nil {
 				return err
 			}
@@ -60,7 +57,7 @@ func newStatusCmd(a *app) *cobra.Command {
 			l := st.Lateness
 			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -20,58 +22,48 @@ func newTaskCmd(a *app) *cobra.Command {
 		Use:   "show TOPIC KEY",
 		Short: "Show a task's state, due time, attempts and last error",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			info, err := outbox.Get(cmd.Context(), db, args[0], args[1])
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+			info, err := outbox.Get(ctx, db, args[0], args[1])
 			if err != nil {
 				return err
 			}
 			printInfo(a, info, asJSON)
 			return nil
-		},
+		}),
 	}
 	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cancel := &cobra.Command{
 		Use:   "cancel TOPIC KEY",
 		Short: "Cancel a task that is not done yet",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := outbox.Cancel(cmd.Context(), db, args[0], args[1]); err != nil {
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+			if err := outbox.Cancel(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", args[0], args[1])
 			return nil
-		},
+		}),
 	}
 	reschedule := &cobra.Command{
 		Use:   "reschedule TOPIC KEY WHEN",
 		Short: "Move a task to WHEN: an RFC 3339 time or +duration from now",
 		Args:  cobra.ExactArgs(3),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		// WHEN is checked before the database is opened: bad input changes nothing.
+		PreRunE: func(cmd *cobra.Command, args []string) error {
+			_, err := parseWhen(args[2], time.Now())
+			return err
+		},
+		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			due, err := parseWhen(args[2], time.Now())
 			if err != nil {
 				return err
 			}
-			db, err := a.openDB(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := outbox.Reschedule(cmd.Context(), db, args[0], args[1], due); err != nil {
+			if err := outbox.Reschedule(ctx, db, args[0], args[1], due); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", args[0], args[1], due.UTC().Format(time.RFC3339Nano))
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(show, cancel, reschedule)
 	return cmd
