@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -166,12 +165,6 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 }
 
-type claimed struct {
-	id       int64
-	attempts int
-	msg      *broker.Message
-}
-
 // Once claims one batch, publishes it and records the outcome, returning
 // how many rows it claimed. If ctx ends before the commit, the whole batch
 // stays pending.
@@ -181,54 +174,25 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if r.cfg.Horizon > 0 {
 		limit = now.Add(r.cfg.Horizon).UnixMilli()
 	}
-	// READ COMMITTED: the claim locks only the rows it returns, no gaps of
-	// the (state, due_ms) index, so producers inserting new tasks never wait
-	// on (or deadlock with) a claim.
-	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := BeginClaim(ctx, r.db)
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: begin: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, publish_attempts
-FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = 'pending' AND due_ms <= ? AND next_attempt_ms <= ?
-ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, limit, now.UnixMilli(), r.cfg.BatchSize)
+	batch, err := Claim(ctx, tx, StatePending, limit, now.UnixMilli(), r.cfg.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("outbox relay: claim: %w", err)
-	}
-	var batch []claimed
-	for rows.Next() {
-		var (
-			c              claimed
-			key            []byte
-			dueMS          int64
-			headers, trace sql.NullString
-			m              broker.Message
-		)
-		if err := rows.Scan(&c.id, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation, &c.attempts); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("outbox relay: read claim: %w", err)
-		}
-		m.TaskID, m.Key, m.DeliverAt, m.Trace = c.id, string(key), msTime(dueMS), trace.String
-		if headers.Valid && headers.String != "" {
-			if err := json.Unmarshal([]byte(headers.String), &m.Headers); err != nil {
-				// A hand-edited row: publish without its headers rather than block.
-				r.cfg.Logger.Warn("delaybridge relay: unreadable headers dropped", "id", c.id, "err", err)
-			}
-		}
-		c.msg = &m
-		batch = append(batch, c)
-	}
-	if err := rows.Close(); err != nil {
-		return 0, fmt.Errorf("outbox relay: claim: %w", err)
+		return 0, fmt.Errorf("outbox relay: %w", err)
 	}
 	if len(batch) == 0 {
 		return 0, tx.Commit()
 	}
 
 	msgs := make([]*broker.Message, len(batch))
-	for i := range batch {
-		msgs[i] = batch[i].msg
+	for i, c := range batch {
+		msgs[i] = c.Message
+		if c.HeadersErr != nil {
+			r.cfg.Logger.Warn("delaybridge relay: unreadable headers dropped", "id", c.Message.TaskID, "err", c.HeadersErr)
+		}
 	}
 	start := time.Now()
 	perr := r.pub.Publish(ctx, msgs...)
@@ -243,18 +207,18 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, limit, now.UnixMilli(), r.cfg.B
 	for i, c := range batch {
 		switch err := results[i]; {
 		case err == nil:
-			ok = append(ok, c.id)
+			ok = append(ok, c.Message.TaskID)
 		case broker.IsPermanent(err):
 			dead++
 			if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'dead', publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ? WHERE id = ?",
-				truncate("publish rejected: "+err.Error(), 1024), stamp, c.id); err != nil {
+				truncate("publish rejected: "+err.Error(), 1024), stamp, c.Message.TaskID); err != nil {
 				return 0, fmt.Errorf("outbox relay: mark dead: %w", err)
 			}
 		default:
 			failed++
-			next := stamp + r.retryDelay(c.attempts+1).Milliseconds()
+			next := stamp + r.retryDelay(c.PublishAttempts+1).Milliseconds()
 			if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET publish_attempts = publish_attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ? WHERE id = ?",
-				next, truncate("publish failed: "+err.Error(), 1024), stamp, c.id); err != nil {
+				next, truncate("publish failed: "+err.Error(), 1024), stamp, c.Message.TaskID); err != nil {
 				return 0, fmt.Errorf("outbox relay: record failure: %w", err)
 			}
 		}

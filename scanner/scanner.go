@@ -3,7 +3,6 @@ package scanner
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // Config configures a Scanner. Every zero value means the default stated.
@@ -168,45 +168,19 @@ func (s *Scanner) Run(ctx context.Context) error {
 // row, in the claim's transaction, only after the broker confirmed.
 func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	now := s.cfg.Now()
-	// READ COMMITTED keeps the claim from locking index gaps (see the relay).
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := outbox.BeginClaim(ctx, s.db)
 	if err != nil {
 		return 0, fmt.Errorf("scanner: begin: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation
-FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = 'published' AND due_ms < ? AND next_attempt_ms <= ?
-ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli(), now.UnixMilli(), s.cfg.BatchSize)
+	// Overdue by more than Grace: due_ms < now - Grace.
+	claimed, err := outbox.Claim(ctx, tx, outbox.StatePublished, now.Add(-s.cfg.Grace).UnixMilli()-1, now.UnixMilli(), s.cfg.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("scanner: claim: %w", err)
+		return 0, fmt.Errorf("scanner: %w", err)
 	}
-	type row struct {
-		id int64
-	}
-	var claimed []row
-	var msgs []*broker.Message
-	for rows.Next() {
-		var (
-			r              row
-			m              broker.Message
-			key            []byte
-			dueMS          int64
-			headers, trace sql.NullString
-		)
-		if err := rows.Scan(&r.id, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("scanner: read claim: %w", err)
-		}
-		m.TaskID, m.Key, m.DeliverAt, m.Trace = r.id, string(key), time.UnixMilli(dueMS).UTC(), trace.String
-		if headers.Valid && headers.String != "" {
-			_ = json.Unmarshal([]byte(headers.String), &m.Headers)
-		}
-		claimed = append(claimed, r)
-		msgs = append(msgs, &m)
-	}
-	if err := rows.Close(); err != nil {
-		return 0, fmt.Errorf("scanner: claim: %w", err)
+	msgs := make([]*broker.Message, len(claimed))
+	for i, c := range claimed {
+		msgs[i] = c.Message
 	}
 	if len(claimed) == 0 {
 		return 0, tx.Commit()
@@ -217,12 +191,12 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, now.Add(-s.cfg.Grace).UnixMilli
 	}
 	stamp := s.cfg.Now().UnixMilli()
 	var ok []any
-	for i, r := range claimed {
+	for i, c := range claimed {
 		if results[i] != nil {
-			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; next pass retries", "id", r.id, "err", results[i])
+			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; next pass retries", "id", c.Message.TaskID, "err", results[i])
 			continue
 		}
-		ok = append(ok, r.id)
+		ok = append(ok, c.Message.TaskID)
 	}
 	rescued := len(ok)
 	if rescued > 0 {
