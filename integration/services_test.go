@@ -48,9 +48,7 @@ func requireAMQP(t testing.TB) *amqp.Connection {
 
 func skipIfShort(t testing.TB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs the local services; skipped under -short")
-	}
+	testenv.SkipIfShort(t, "needs the local services")
 }
 
 var quietRocketMQ sync.Once

@@ -17,6 +17,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -105,9 +106,7 @@ func moduleRoot(t *testing.T) string {
 }
 
 func TestBrokerRestart_PendingTimerMessagesAllArriveNoneEarly(t *testing.T) {
-	if testing.Short() {
-		t.Skip("restarts the shared local broker")
-	}
+	testenv.SkipIfShort(t, "restarts the shared local broker")
 	e := setup(t)
 	topic := brokertest.Topic(t)
 	pub, sub := e.clients(t, topic, rocket.TimerLimits(localTimerMaxDelay, localPrecision))

@@ -204,3 +204,13 @@ func DeleteRabbitPrefix(t testing.TB, url, prefix string) {
 		}
 	}
 }
+
+// SkipIfShort skips a test that needs the services or disturbs them when
+// go test runs with -short, except under CI=true, where nothing that needs a
+// service may skip: there the test runs (and fails if a service is down).
+func SkipIfShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip(why + "; skipped under -short")
+	}
+}
