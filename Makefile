@@ -10,7 +10,7 @@ WITH_SERVICES_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: services services-down test test-unit demo bench lint fuzz FORCE
+.PHONY: services services-down test test-unit demo bench chaos lint fuzz FORCE
 
 services:
 	$(SERVICES) up
@@ -46,6 +46,14 @@ bin/delaybridge: FORCE
 	go build -o bin/delaybridge ./cmd/delaybridge
 
 FORCE:
+
+# The long fault run (integration/fault_test.go): CHAOS_TASKS tasks over both
+# brokers while every fault is injected, repeatedly; the result table lands
+# in RELIABILITY.chaos.md (git-ignored) and the process logs in .chaos/.
+CHAOS_TASKS ?= 200000
+chaos: services
+	$(WITH_SERVICES_ENV) CI=true DELAYBRIDGE_CHAOS_TASKS=$(CHAOS_TASKS) DELAYBRIDGE_FAULT_REPORT=$(CURDIR)/RELIABILITY.chaos.md \
+		DELAYBRIDGE_FAULT_LOGS=$(CURDIR)/.chaos go test -count=1 -run '^TestFaults_' -v -timeout 90m ./integration/
 
 bench: services
 	$(WITH_SERVICES_ENV) go test -run '^$$' -bench . -benchtime 1x ./...
