@@ -13,6 +13,18 @@
 # and logs live under .services/rocketmq in the repository (git-ignored).
 set -euo pipefail
 
+# Close every inherited descriptor above stderr, so no daemon started here
+# keeps one open for its lifetime (a lock file held by the caller of
+# `flock ... scripts/services.sh up` would otherwise stay locked).
+self="$(readlink -f "${BASH_SOURCE[0]}")"
+for fd in /proc/$$/fd/*; do
+	target="$(readlink "$fd" 2>/dev/null || true)"
+	fd=${fd##*/}
+	# Keep the descriptor bash reads this script through.
+	if ((fd > 2)) && [[ $target != "$self" ]]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+done
+unset self target fd
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCRIPTS="$ROOT/scripts"
 RMQ_DIR="$ROOT/.services/rocketmq"
