@@ -105,8 +105,8 @@ func Decode(headers map[string]string, body []byte) (*Message, error) {
 		return nil, err
 	}
 	if tr, ok := headers[HeaderTrace]; ok {
-		if len(tr) > MaxTraceLen || !utf8.ValidString(tr) {
-			return nil, &EnvelopeError{Header: HeaderTrace, Reason: fmt.Sprintf("longer than %d bytes or not UTF-8", MaxTraceLen)}
+		if len(tr) > MaxTraceLen || !utf8.ValidString(tr) || strings.ContainsAny(tr, separators) {
+			return nil, &EnvelopeError{Header: HeaderTrace, Reason: fmt.Sprintf("longer than %d bytes, not UTF-8 or holding \\x01 or \\x02", MaxTraceLen)}
 		}
 		m.Trace = tr
 	}
@@ -116,10 +116,10 @@ func Decode(headers map[string]string, body []byte) (*Message, error) {
 		if !ok {
 			continue
 		}
-		if name == "" || !utf8.ValidString(name) || !utf8.ValidString(v) {
-			return nil, &EnvelopeError{Header: fmt.Sprintf("%.64q", k), Reason: "free header name empty or not UTF-8"}
+		if name == "" || !utf8.ValidString(name) || !utf8.ValidString(v) || strings.ContainsAny(k, separators) || strings.ContainsAny(v, separators) {
+			return nil, &EnvelopeError{Header: fmt.Sprintf("%.64q", k), Reason: "free header name empty, or name or value not UTF-8 or holding \\x01 or \\x02"}
 		}
-		size += len(name) + len(v)
+		size += HeaderBytes(name, v)
 		if size > MaxHeaderBytes {
 			return nil, &EnvelopeError{Header: HeaderFreePrefix + "*", Reason: fmt.Sprintf("free headers exceed %d bytes", MaxHeaderBytes)}
 		}

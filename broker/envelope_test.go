@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -74,6 +75,15 @@ func TestEnvelope_DecodeRejectsMalformed(t *testing.T) {
 		{"missing generation", func(h map[string]string) { delete(h, broker.HeaderGeneration) }, broker.HeaderGeneration},
 		{"zero task id", func(h map[string]string) { h[broker.HeaderTaskID] = "0" }, broker.HeaderTaskID},
 		{"huge trace", func(h map[string]string) { h[broker.HeaderTrace] = strings.Repeat("t", 600) }, broker.HeaderTrace},
+		{"key with a property separator", func(h map[string]string) { h[broker.HeaderKey] = "a\x01b" }, broker.HeaderKey},
+		{"trace with a property separator", func(h map[string]string) { h[broker.HeaderTrace] = "a\x02b" }, broker.HeaderTrace},
+		{"free header with a property separator", func(h map[string]string) { h[broker.HeaderFreePrefix+"x"] = "a\x01b" }, `"delaybridge-h-x"`},
+		{"many small free headers", func(h map[string]string) {
+			// 1,000 headers of 4 bytes: small by name and value, but 23 KB on the wire.
+			for i := range 1000 {
+				h[fmt.Sprintf("%s%03d", broker.HeaderFreePrefix, i)] = "v"
+			}
+		}, broker.HeaderFreePrefix + "*"},
 		{"huge free headers", func(h map[string]string) {
 			for i := range 20 {
 				h[broker.HeaderFreePrefix+strings.Repeat("k", i+1)] = strings.Repeat("v", 1000)
@@ -123,6 +133,10 @@ func TestMessageValidate_RejectsWhatNoBrokerCarries(t *testing.T) {
 		"empty header name":    {func(m *broker.Message) { m.Headers[""] = "v" }, broker.ErrInvalidMessage},
 		"headers over limit":   {func(m *broker.Message) { m.Headers["big"] = strings.Repeat("v", broker.MaxHeaderBytes) }, broker.ErrInvalidMessage},
 		"trace over the limit": {func(m *broker.Message) { m.Trace = strings.Repeat("t", broker.MaxTraceLen+1) }, broker.ErrInvalidMessage},
+		"key with \\x01":       {func(m *broker.Message) { m.Key = "a\x01" }, broker.ErrInvalidKey},
+		"header with \\x02":    {func(m *broker.Message) { m.Headers["h"] = "\x02" }, broker.ErrInvalidMessage},
+		"trace with \\x01":     {func(m *broker.Message) { m.Trace = "\x01" }, broker.ErrInvalidMessage},
+		"many small headers":   {func(m *broker.Message) { manyHeaders(m, 1000) }, broker.ErrInvalidMessage},
 	} {
 		m := sampleMessage()
 		tc.edit(m)
@@ -132,9 +146,25 @@ func TestMessageValidate_RejectsWhatNoBrokerCarries(t *testing.T) {
 	}
 	m := sampleMessage()
 	m.Topic = strings.Repeat("a", 127)
-	m.Key = strings.Repeat("k", 255)
+	m.Key = "'\"\\%_\x00;" + strings.Repeat("k", 255-7)
 	if err := m.Validate(); err != nil {
-		t.Errorf("longest topic and key: %v", err)
+		t.Errorf("longest topic and a key with quotes and NUL: %v", err)
+	}
+	m.Headers = map[string]string{"h": strings.Repeat("v", broker.MaxHeaderBytes-broker.HeaderBytes("h", ""))}
+	if err := m.Validate(); err != nil {
+		t.Errorf("headers at exactly MaxHeaderBytes: %v", err)
+	}
+	m.Headers["h"] += "v"
+	if err := m.Validate(); !errors.Is(err, broker.ErrInvalidMessage) {
+		t.Errorf("headers one byte over MaxHeaderBytes: %v", err)
+	}
+}
+
+// manyHeaders gives m n one-byte headers.
+func manyHeaders(m *broker.Message, n int) {
+	m.Headers = map[string]string{}
+	for i := range n {
+		m.Headers[fmt.Sprintf("%03d", i)] = "v"
 	}
 }
 

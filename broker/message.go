@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -17,9 +18,24 @@ const (
 	MaxKeyLen = 255
 	// MaxTraceLen is the longest trace context, in bytes.
 	MaxTraceLen = 512
-	// MaxHeaderBytes bounds the free headers of one message, names and values together.
+	// MaxHeaderBytes bounds the free headers of one message as they travel:
+	// for each header its name with the envelope prefix (HeaderFreePrefix),
+	// its value and two separator bytes (see HeaderBytes). With the envelope
+	// this stays under the 32 KiB RocketMQ allows for all properties.
 	MaxHeaderBytes = 16 << 10
 )
+
+// separators are the bytes RocketMQ's property format uses between a name
+// and its value (\x01) and between properties (\x02). RocketMQ cannot carry
+// them in a key, trace or header, and every message must be able to travel
+// through either broker, so no message may hold them there.
+const separators = "\x01\x02"
+
+// HeaderBytes is what one free header counts against MaxHeaderBytes: what
+// it takes on the wire in the most compact broker format.
+func HeaderBytes(name, value string) int {
+	return len(HeaderFreePrefix) + len(name) + len(value) + 2
+}
 
 // Message is one delayed task on its way through a broker. The adapters carry
 // every field except Payload in the envelope (see Encode); Payload is the body.
@@ -73,15 +89,15 @@ func (m *Message) Validate() error {
 	if m.Hop < 0 || m.Attempt < 0 || m.Generation < 0 {
 		return fmt.Errorf("%w: negative hop, attempt or generation", ErrInvalidMessage)
 	}
-	if len(m.Trace) > MaxTraceLen || !utf8.ValidString(m.Trace) {
-		return fmt.Errorf("%w: trace context longer than %d bytes or not UTF-8", ErrInvalidMessage, MaxTraceLen)
+	if len(m.Trace) > MaxTraceLen || !utf8.ValidString(m.Trace) || strings.ContainsAny(m.Trace, separators) {
+		return fmt.Errorf("%w: trace context longer than %d bytes, not UTF-8 or holding \\x01 or \\x02", ErrInvalidMessage, MaxTraceLen)
 	}
 	size := 0
 	for k, v := range m.Headers {
-		if k == "" || !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return fmt.Errorf("%w: header %q: names must be non-empty and names and values UTF-8", ErrInvalidMessage, k)
+		if k == "" || !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsAny(k, separators) || strings.ContainsAny(v, separators) {
+			return fmt.Errorf("%w: header %.64q: names must be non-empty, names and values UTF-8 without \\x01 or \\x02", ErrInvalidMessage, k)
 		}
-		size += len(k) + len(v)
+		size += HeaderBytes(k, v)
 	}
 	if size > MaxHeaderBytes {
 		return fmt.Errorf("%w: headers take %d bytes, more than %d", ErrInvalidMessage, size, MaxHeaderBytes)
@@ -105,7 +121,9 @@ func ValidateTopic(topic string) error {
 }
 
 // ValidateKey reports whether key is a usable business key: non-empty,
-// valid UTF-8 and at most MaxKeyLen bytes.
+// valid UTF-8, at most MaxKeyLen bytes and free of \x01 and \x02, which
+// RocketMQ cannot carry in a property. Any other byte, NUL and quotes
+// included, is allowed.
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
@@ -114,6 +132,8 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(key), MaxKeyLen)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	case strings.ContainsAny(key, separators):
+		return fmt.Errorf("%w: holds \\x01 or \\x02, which RocketMQ uses to separate properties", ErrInvalidKey)
 	}
 	return nil
 }
