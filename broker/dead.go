@@ -2,9 +2,12 @@ package broker
 
 import (
 	"context"
+	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -15,17 +18,17 @@ const DefaultDeadTopic = "delaybridge-dead"
 const (
 	DeadHeaderReason = "dead-reason"
 	DeadHeaderTopic  = "dead-topic"
-	DeadHeaderOrig   = "dead-orig-" // prefix of the headers of an undecodable message
+	// DeadHeaderAttempt is the attempt the message was on when it died.
+	DeadHeaderAttempt = "dead-attempt"
+	DeadHeaderOrig    = "dead-orig-" // prefix of the headers of an undecodable message
 )
 
 // maxReasonLen keeps a long error chain from crowding out the headers.
 const maxReasonLen = 1024
 
 // PublishDead returns a DeadLetter that publishes what the runtime gave up on
-// to topic, due at once, with the reason and original topic as headers. A
-// message that could not be decoded travels with its body as the payload,
-// its original headers as far as they are valid UTF-8 and fit, and the key
-// "malformed".
+// to topic, due at once, with the reason and original topic as headers (see
+// DeadMessage).
 func PublishDead(pub Publisher, topic string) DeadLetter {
 	return DeadLetterFunc(func(ctx context.Context, d *Delivery, reason error) error {
 		if err := ValidateTopic(topic); err != nil {
@@ -36,41 +39,108 @@ func PublishDead(pub Publisher, topic string) DeadLetter {
 	})
 }
 
-// DeadMessage builds the message PublishDead sends for d.
+// DeadMessage builds the message PublishDead sends for d. It always passes
+// Validate, whatever d and reason hold, so a dead letter can never be
+// refused and come back forever: the reason is cut to 1 KiB with control
+// characters escaped, and the original headers are kept only as far as
+// they fit next to it.
+//
+// A decoded message keeps its key, payload, trace and free headers, and
+// gains the reason, its topic and its attempt. A message that could not be
+// decoded travels with its body as the payload, the key "malformed", and
+// its broker headers (prefixed DeadHeaderOrig) as far as they are valid
+// UTF-8, free of control characters and fit in half of MaxHeaderBytes.
 func DeadMessage(d *Delivery, reason error, topic string) *Message {
-	var m *Message
-	if d.Message != nil {
-		m = d.Message.Clone()
-		if m.Headers == nil {
-			m.Headers = map[string]string{}
-		}
-		m.Headers[DeadHeaderTopic] = m.Topic
-		m.Headers["dead-attempt"] = strconv.Itoa(m.Attempt)
-	} else {
-		m = &Message{Key: "malformed", Payload: append([]byte(nil), d.Body...), Headers: map[string]string{}}
-		size := 0
-		for k, v := range d.Headers {
-			if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.HasPrefix(k, HeaderVersion) {
-				continue
-			}
-			name := DeadHeaderOrig + k
-			if size+len(name)+len(v) > MaxHeaderBytes/2 {
-				continue
-			}
-			size += len(name) + len(v)
-			m.Headers[name] = v
-		}
-	}
 	r := "unknown"
 	if reason != nil {
 		r = reason.Error()
 	}
+	r = escapeControl(strings.ToValidUTF8(r, "?"))
 	if len(r) > maxReasonLen {
-		r = r[:maxReasonLen]
+		r = strings.ToValidUTF8(r[:maxReasonLen], "")
 	}
-	m.Headers[DeadHeaderReason] = strings.ToValidUTF8(r, "?")
+	dead := map[string]string{DeadHeaderReason: r}
+	var m *Message
+	var orig map[string]string
+	budget := MaxHeaderBytes
+	if d.Message != nil {
+		m = d.Message.Clone()
+		orig = m.Headers
+		dead[DeadHeaderTopic] = m.Topic
+		dead[DeadHeaderAttempt] = strconv.Itoa(m.Attempt)
+	} else {
+		m = &Message{Key: "malformed", Payload: append([]byte(nil), d.Body...)}
+		budget = MaxHeaderBytes / 2
+		orig = map[string]string{}
+		for k, v := range d.Headers {
+			if !strings.HasPrefix(k, HeaderVersion) && printable(k) && printable(v) {
+				orig[DeadHeaderOrig+k] = v
+			}
+		}
+	}
+	m.Headers = make(map[string]string, len(orig)+len(dead))
+	size := 0
+	for k, v := range dead {
+		m.Headers[k] = v
+		size += HeaderBytes(k, v)
+	}
+	// Smallest first, so one huge header does not crowd out the rest; by
+	// name among equals, so the choice does not depend on map order.
+	names := make([]string, 0, len(orig))
+	for k := range orig {
+		if _, taken := dead[k]; !taken {
+			names = append(names, k)
+		}
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := HeaderBytes(names[i], orig[names[i]]), HeaderBytes(names[j], orig[names[j]])
+		return a < b || a == b && names[i] < names[j]
+	})
+	for _, k := range names {
+		n := HeaderBytes(k, orig[k])
+		if size+n > budget {
+			break
+		}
+		size += n
+		m.Headers[k] = orig[k]
+	}
 	m.Topic = topic
 	m.Hop = 0
 	m.DeliverAt = MillisUTC(time.Now())
 	return m
+}
+
+// printable reports whether s can be kept as a dead header as it is: valid
+// UTF-8 without control characters other than tab and newline.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, c := range s {
+		if unicode.IsControl(c) && c != '\t' && c != '\n' {
+			return false
+		}
+	}
+	return true
+}
+
+// escapeControl writes each control character of s other than tab and
+// newline as \xNN or \u{NNNN}, so an error text quoting binary data stays
+// readable and legal in any broker's header.
+func escapeControl(s string) string {
+	if printable(s) {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range s {
+		switch {
+		case !unicode.IsControl(c) || c == '\t' || c == '\n':
+			b.WriteRune(c)
+		case c < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", c)
+		default:
+			fmt.Fprintf(&b, "\\u{%04x}", c)
+		}
+	}
+	return b.String()
 }
