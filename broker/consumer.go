@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -46,6 +47,9 @@ type Hooks struct {
 	Retried func(topic string, attempt int)
 	// Dead is called after a message was handed to the dead letter.
 	Dead func(topic string, reason error)
+	// Stuck is called when a handler is abandoned because it ran
+	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace).
+	Stuck func(topic string)
 }
 
 // ConsumerConfig configures a Consumer. Every zero value means the default
@@ -63,8 +67,20 @@ type ConsumerConfig struct {
 	MaxAttempts int
 	// Backoff is the retry delay. Default 1s initial, ×2, at most 1h, ±50%.
 	Backoff Backoff
-	// HandlerTimeout bounds one handler run. Default 1m.
+	// HandlerTimeout bounds one handler run: its context is cancelled then,
+	// and an error it returns counts as a failed attempt. Default 1m.
 	HandlerTimeout time.Duration
+	// HandlerGrace is how long a handler may keep running after its
+	// context was cancelled. A handler that ignores its context and
+	// outlives HandlerTimeout plus HandlerGrace is abandoned: its goroutine
+	// is left to finish on its own (logged, counted by Stuck and the Stuck
+	// hook), its worker is freed, and its message counts as a failed
+	// attempt with ErrHandlerStuck, so it is retried with backoff and, out
+	// of attempts, goes to dead. Nothing is lost and one stuck handler never
+	// holds a worker for good; if the abandoned handler later commits, its
+	// effect and the retry's are one through outbox.Handle. The same holds
+	// for a BatchHandler, whose messages then go one at a time. Default 10s.
+	HandlerGrace time.Duration
 	// Horizon is the furthest due time accepted; a message due later goes to
 	// dead with ErrTooFar. Default 10 years and 1 day.
 	Horizon time.Duration
@@ -91,6 +107,7 @@ const (
 	DefaultHoldWindow     = 5 * time.Second
 	DefaultMaxAttempts    = 10
 	DefaultHandlerTimeout = time.Minute
+	DefaultHandlerGrace   = 10 * time.Second
 	DefaultHorizon        = 10*365*24*time.Hour + 24*time.Hour
 )
 
@@ -125,6 +142,9 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	}
 	if c.HandlerTimeout <= 0 {
 		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.HandlerGrace <= 0 {
+		c.HandlerGrace = DefaultHandlerGrace
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 50
@@ -163,6 +183,8 @@ type Consumer struct {
 	stopping  chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+
+	stuck atomic.Int64 // abandoned handlers still running
 
 	mu      sync.Mutex
 	started bool
@@ -244,9 +266,10 @@ func (c *Consumer) Start(ctx context.Context, topics ...string) error {
 }
 
 // Close stops taking messages, gives back the ones held in memory, and waits
-// for running handlers until ctx is done. Then it cancels the handlers'
-// context and returns ctx's error; their deliveries are given back when they
-// return. Messages not acked are redelivered by the broker.
+// for running handlers, abandoned ones included, until ctx is done. Then it
+// cancels the handlers' context and returns ctx's error; their deliveries
+// are given back when they return or are abandoned. Messages not acked are
+// redelivered by the broker.
 func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -377,17 +400,9 @@ func (c *Consumer) processBatch(batch []job) {
 	for i, j := range batch {
 		msgs[i] = j.d.Message.Clone()
 	}
-	err := func() (err error) {
-		ctx, cancel := context.WithTimeout(c.hardCtx, c.cfg.HandlerTimeout)
-		defer cancel()
-		defer func() {
-			if r := recover(); r != nil {
-				c.log.Error("delaybridge: batch handler panicked", "messages", len(msgs), "panic", r, "stack", string(debug.Stack()))
-				err = fmt.Errorf("batch handler panicked: %v", r)
-			}
-		}()
+	err := c.guard(batch[0].topic, fmt.Sprintf("a batch of %d", len(msgs)), func(ctx context.Context) error {
 		return c.cfg.Batch(ctx, msgs)
-	}()
+	})
 	if err != nil {
 		if c.hardCtx.Err() != nil {
 			for _, j := range batch {
@@ -468,18 +483,79 @@ func (c *Consumer) process(j job) {
 	}
 }
 
-// run calls the handler with its timeout, turning a panic into an error.
-func (c *Consumer) run(m *Message) (err error) {
+// run calls the handler for m under guard.
+func (c *Consumer) run(m *Message) error {
+	mc := m.Clone()
+	return c.guard(m.Topic, "key "+m.Key, func(ctx context.Context) error { return c.h(ctx, mc) })
+}
+
+// guard runs f on a goroutine of its own with the handler timeout, turning
+// a panic into an error. When f outlives its timeout by HandlerGrace, guard
+// abandons it and returns ErrHandlerStuck; f's goroutine stays counted in
+// wg and Stuck until it returns.
+func (c *Consumer) guard(topic, what string, f func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(c.hardCtx, c.cfg.HandlerTimeout)
-	defer cancel()
-	defer func() {
-		if r := recover(); r != nil {
-			c.log.Error("delaybridge: handler panicked", "topic", m.Topic, "key", m.Key, "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("handler panicked: %v", r)
+	done := make(chan error, 1)
+	var abandoned atomic.Bool
+	start := time.Now()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer cancel()
+		err := func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					c.log.Error("delaybridge: handler panicked", "topic", topic, "handling", what, "panic", r, "stack", string(debug.Stack()))
+					err = fmt.Errorf("handler panicked: %v", r)
+				}
+			}()
+			return f(ctx)
+		}()
+		done <- err
+		// Whichever side clears the flag uncounts the abandonment, once.
+		if abandoned.CompareAndSwap(true, false) {
+			c.stuck.Add(-1)
+			c.log.Warn("delaybridge: an abandoned handler returned at last", "topic", topic, "handling", what, "ran", time.Since(start).Round(time.Millisecond), "err", err)
 		}
 	}()
-	return c.h(ctx, m.Clone())
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(c.cfg.HandlerGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	// Count it before the goroutine can see the flag, so the count never
+	// goes below zero.
+	c.stuck.Add(1)
+	abandoned.Store(true)
+	select {
+	case err := <-done:
+		// It returned while being abandoned: nothing is stuck after all.
+		if abandoned.CompareAndSwap(true, false) {
+			c.stuck.Add(-1)
+		}
+		return err
+	default:
+	}
+	c.log.Error("delaybridge: handler ignored its context; abandoning it and freeing its worker",
+		"topic", topic, "handling", what, "timeout", c.cfg.HandlerTimeout, "grace", c.cfg.HandlerGrace, "stuck", c.stuck.Load())
+	if c.cfg.Hooks.Stuck != nil {
+		c.cfg.Hooks.Stuck(topic)
+	}
+	return fmt.Errorf("%w: still running %v after its %v timeout", ErrHandlerStuck, c.cfg.HandlerGrace, c.cfg.HandlerTimeout)
 }
+
+// Stuck returns how many abandoned handlers are still running: each ran
+// past HandlerTimeout plus HandlerGrace ignoring its context. A number that
+// keeps growing means a handler that never returns and leaks a goroutine
+// per attempt.
+func (c *Consumer) Stuck() int { return int(c.stuck.Load()) }
 
 // hop publishes an early message again towards its due time and acks the
 // original once the broker confirmed the new one.

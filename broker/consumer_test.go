@@ -278,3 +278,107 @@ func TestNewConsumer_RejectsBadArguments(t *testing.T) {
 		t.Errorf("Start(bad.topic) = %v, want ErrInvalidTopic", err)
 	}
 }
+
+func TestConsumer_StuckHandlerIsAbandonedRetriedThenDeadAndTheWorkerFreed(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var handled []string
+	stuckHooks := 0
+	c := bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		if m.Key == "hangs" {
+			<-release // ignores ctx, as a handler stuck in a call without a deadline would
+			return nil
+		}
+		mu.Lock()
+		handled = append(handled, m.Key)
+		mu.Unlock()
+		return nil
+	}, broker.ConsumerConfig{
+		Concurrency:    1, // one stuck handler would block everything behind it
+		HandlerTimeout: 50 * time.Millisecond,
+		HandlerGrace:   50 * time.Millisecond,
+		MaxAttempts:    2,
+		Backoff:        broker.Backoff{Initial: 20 * time.Millisecond},
+		Hooks:          broker.Hooks{Stuck: func(string) { mu.Lock(); stuckHooks++; mu.Unlock() }},
+	})
+	// Released before the consumer's cleanup closes it (cleanups run last first).
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	bd.publish(t, "hangs", time.Now())
+	bd.publish(t, "after", time.Now())
+	eventually(t, "the stuck message dead", func() bool { return bd.dead.get("hangs") != nil })
+	eventually(t, "the message behind it handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 1 })
+	if err := bd.dead.get("hangs"); !errors.Is(err, broker.ErrHandlerStuck) || !strings.Contains(err.Error(), "failed 2 attempts") {
+		t.Fatalf("dead reason %v, want ErrHandlerStuck after 2 attempts", err)
+	}
+	mu.Lock()
+	hooks := stuckHooks
+	mu.Unlock()
+	if got := c.Stuck(); got != 2 || hooks != 2 {
+		t.Fatalf("Stuck() = %d, hook called %d times; want 2 abandoned handlers still running", got, hooks)
+	}
+	close(release)
+	eventually(t, "the abandoned handlers to return", func() bool { return c.Stuck() == 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close after the stuck handlers returned: %v", err)
+	}
+}
+
+func TestConsumer_CloseReportsAStuckHandlerStillRunning(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	release, started := make(chan struct{}), make(chan struct{})
+	c := bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		close(started)
+		<-release
+		return nil
+	}, broker.ConsumerConfig{HandlerTimeout: time.Hour})
+	t.Cleanup(func() { close(release) })
+	bd.publish(t, "k", time.Now())
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := c.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a handler ignoring its context = %v, want the deadline", err)
+	}
+	if s := bd.b.Stats(); s.Acked != 0 {
+		t.Fatalf("acked %d messages whose handler never returned", s.Acked)
+	}
+}
+
+func TestConsumer_AlwaysPanickingHandlerGoesDeadAndOthersRun(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		mu.Lock()
+		runs[m.Key]++
+		mu.Unlock()
+		if m.Key == "panics" {
+			panic("assignment to entry in nil map")
+		}
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1, MaxAttempts: 3, Backoff: broker.Backoff{Initial: 10 * time.Millisecond}})
+	bd.publish(t, "panics", time.Now())
+	bd.publish(t, "after", time.Now())
+	eventually(t, "the panicking message dead", func() bool { return bd.dead.get("panics") != nil })
+	eventually(t, "the message behind it handled", func() bool { mu.Lock(); defer mu.Unlock(); return runs["after"] == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["panics"] != 3 {
+		t.Fatalf("the panicking handler ran %d times, want 3 (MaxAttempts)", runs["panics"])
+	}
+	if err := bd.dead.get("panics"); err == nil || !strings.Contains(err.Error(), "handler panicked") || !strings.Contains(err.Error(), "nil map") {
+		t.Fatalf("dead reason %v does not say the handler panicked and why", err)
+	}
+}

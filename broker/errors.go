@@ -26,6 +26,9 @@ var (
 	// ErrRejected marks a message the broker refused for good (too large,
 	// delay beyond its limit); publishing it again would fail the same way.
 	ErrRejected = errors.New("rejected by broker")
+	// ErrHandlerStuck means a handler kept running past its timeout and
+	// grace, ignoring its context, and the runtime abandoned it.
+	ErrHandlerStuck = errors.New("handler ignored its context and was abandoned")
 	// ErrClosed is returned by a component used after Close.
 	ErrClosed = errors.New("closed")
 )
