@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
@@ -26,6 +27,14 @@ type Config struct {
 	// MaxRate bounds rescues per second, so the backlog after an outage
 	// drains steadily instead of flooding the broker. Default 2000.
 	MaxRate int
+	// HoldWhileBehind bounds how long a pass waits for the scanner's last
+	// rescue to be handled: until at least half of those tasks are done (or
+	// no longer published), no more are rescued. Re-published tasks that
+	// stay undone mean the consumers are behind or down rather than that the
+	// broker lost messages, and more copies would only lengthen their queue
+	// (a backlog rescued again and again collapses under its duplicates).
+	// Default 1 minute; negative disables the hold.
+	HoldWhileBehind time.Duration
 	// PendingAlert flags pending tasks due longer ago than this: the relay
 	// is down or stuck. Default 1 minute.
 	PendingAlert time.Duration
@@ -81,6 +90,10 @@ type Scanner struct {
 	db  *sql.DB
 	pub broker.Publisher
 	cfg Config
+
+	mu       sync.Mutex
+	lastIDs  []any // the tasks the last rescue published
+	lastTime time.Time
 }
 
 // New returns a scanner that re-publishes through pub.
@@ -99,6 +112,9 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	}
 	if cfg.MaxRate <= 0 {
 		cfg.MaxRate = 2000
+	}
+	if cfg.HoldWhileBehind == 0 {
+		cfg.HoldWhileBehind = time.Minute
 	}
 	if cfg.PendingAlert <= 0 {
 		cfg.PendingAlert = time.Minute
@@ -165,8 +181,15 @@ func (s *Scanner) Run(ctx context.Context) error {
 // Rescue runs one claim: published tasks overdue by more than Grace and not
 // due for another rescue yet, oldest first, at most BatchSize of them. It
 // publishes them again for immediate delivery and counts a rescue on each
-// row, in the claim's transaction, only after the broker confirmed.
+// row, in the claim's transaction, only after the broker confirmed. While
+// the previous rescue is still mostly unhandled it rescues nothing (see
+// Config.HoldWhileBehind).
 func (s *Scanner) Rescue(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if behind, err := s.behind(ctx); err != nil || behind {
+		return 0, err
+	}
 	now := s.cfg.Now()
 	tx, err := outbox.BeginClaim(ctx, s.db)
 	if err != nil {
@@ -214,12 +237,36 @@ WHERE state = 'published' AND id IN (?`+strings.Repeat(",?", rescued-1)+")", arg
 		return 0, fmt.Errorf("scanner: commit: %w", err)
 	}
 	if rescued > 0 {
+		s.lastIDs, s.lastTime = ok, s.cfg.Now()
 		s.cfg.Logger.Info("delaybridge scanner: rescued overdue tasks", "rows", rescued)
 		if s.cfg.Hooks.Rescued != nil {
 			s.cfg.Hooks.Rescued(rescued)
 		}
 	}
 	return len(claimed), nil
+}
+
+// behind reports whether the last rescue is still mostly unhandled and
+// younger than HoldWhileBehind, so this pass must not rescue more.
+func (s *Scanner) behind(ctx context.Context) (bool, error) {
+	if s.cfg.HoldWhileBehind < 0 || len(s.lastIDs) == 0 {
+		return false, nil
+	}
+	if s.cfg.Now().Sub(s.lastTime) >= s.cfg.HoldWhileBehind {
+		s.lastIDs = nil
+		return false, nil
+	}
+	var open int
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND id IN (?"+
+		strings.Repeat(",?", len(s.lastIDs)-1)+")", s.lastIDs...).Scan(&open); err != nil {
+		return false, fmt.Errorf("scanner: check the last rescue: %w", err)
+	}
+	if 2*open > len(s.lastIDs) {
+		s.cfg.Logger.Debug("delaybridge scanner: last rescue not handled yet; holding", "open", open, "rescued", len(s.lastIDs))
+		return true, nil
+	}
+	s.lastIDs = nil
+	return false, nil
 }
 
 // Backlog counts pending tasks overdue by more than PendingAlert (the relay

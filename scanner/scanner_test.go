@@ -93,6 +93,46 @@ func TestScanner_RescuesOnlyOverduePublishedTasks(t *testing.T) {
 	}
 }
 
+func TestScanner_HoldsWhileItsLastRescueIsUnhandled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 30
+	for i := range n {
+		b.task(t, fmt.Sprint(i), outbox.StatePublished, time.Now().Add(-time.Hour))
+	}
+	now := time.Now()
+	clock := func() time.Time { return now }
+	// A Grace longer than the hold: no task comes due for a second rescue
+	// within this test, so the third pass must take the last ten.
+	s := b.scanner(t, b.mem, scanner.Config{BatchSize: 10, Grace: 2 * time.Minute, HoldWhileBehind: time.Minute, Now: clock})
+	rescue := func(want int, why string) {
+		t.Helper()
+		if got, err := s.Rescue(b.ctx); err != nil || got != want {
+			t.Fatalf("%s: Rescue = %d, %v; want %d", why, got, err, want)
+		}
+	}
+	rescue(10, "first pass")
+	rescue(0, "nothing of the first rescue handled yet")
+	// Four of ten handled: still behind.
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done' WHERE rescues = 1 ORDER BY id LIMIT 4"); err != nil {
+		t.Fatal(err)
+	}
+	rescue(0, "four of ten handled")
+	// A fifth: half of the rescue is done, the consumers keep up.
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done' WHERE rescues = 1 AND state = 'published' ORDER BY id LIMIT 1"); err != nil {
+		t.Fatal(err)
+	}
+	rescue(10, "half of the first rescue handled")
+	rescue(0, "second rescue unhandled")
+	// Nobody handles anything, but the hold ends after HoldWhileBehind.
+	now = now.Add(time.Minute)
+	rescue(10, "hold expired")
+	var total int
+	if err := b.db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE rescues = 1").Scan(&total); err != nil || total != n {
+		t.Fatalf("tasks rescued once = %d, %v; want %d", total, err, n)
+	}
+}
+
 func TestScanner_TwoScannersRescueEachTaskOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -121,7 +161,8 @@ func TestScanner_TwoScannersRescueEachTaskOnce(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 2 {
-		s := b.scanner(t, pub, scanner.Config{BatchSize: 100})
+		// No consumer here: nothing would ever release the hold.
+		s := b.scanner(t, pub, scanner.Config{BatchSize: 100, HoldWhileBehind: -1})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
