@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
 )
@@ -14,8 +15,9 @@ type Claimed struct {
 	Message *broker.Message
 	// PublishAttempts is the row's publish_attempts before this claim.
 	PublishAttempts int
-	// HeadersErr is set when the row's headers could not be read (a
-	// hand-edited row); the message then carries none rather than block.
+	// HeadersErr is set when the row's headers could not be read or no
+	// broker would carry them (a hand-edited row); the message then
+	// carries none rather than block or be refused.
 	HeadersErr error
 }
 
@@ -55,10 +57,8 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(state), dueAtMost, nowMS
 			return nil, fmt.Errorf("outbox: read claim: %w", err)
 		}
 		m.Key, m.DeliverAt, m.Trace = string(key), msTime(dueMS), trace.String
-		if headers.Valid && headers.String != "" {
-			if err := json.Unmarshal([]byte(headers.String), &m.Headers); err != nil {
-				m.Headers, c.HeadersErr = nil, err
-			}
+		if headers.Valid {
+			m.Headers, c.HeadersErr = decodeHeaders(headers.String)
 		}
 		c.Message = &m
 		out = append(out, c)
@@ -67,4 +67,25 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(state), dueAtMost, nowMS
 		return nil, fmt.Errorf("outbox: claim %s: %w", state, err)
 	}
 	return out, nil
+}
+
+// decodeHeaders reads the headers column as Schedule wrote it. Rows are
+// edited by hand now and then, so it checks what it returns as
+// Message.Validate would, and never panics.
+func decodeHeaders(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return nil, fmt.Errorf("headers column: %w", err)
+	}
+	m := broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1), Headers: h}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("headers column: %w", err)
+	}
+	if len(h) == 0 {
+		h = nil
+	}
+	return h, nil
 }

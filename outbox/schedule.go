@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/delaybridge/delaybridge/broker"
 )
 
 // Outbox writes and changes tasks under one Config. The package-level
@@ -54,13 +57,9 @@ func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error)
 	if err := o.cfg.validate(&t); err != nil {
 		return 0, err
 	}
-	var headers any
-	if len(t.Headers) > 0 {
-		b, err := json.Marshal(t.Headers)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: encode headers: %w", err)
-		}
-		headers = string(b)
+	headers, err := encodeHeaders(t.Headers)
+	if err != nil {
+		return 0, err
 	}
 	var trace any
 	if t.Trace != "" {
@@ -83,6 +82,27 @@ VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
 		return 0, fmt.Errorf("outbox: schedule %s/%s: %w", t.Topic, t.Key, err)
 	}
 	return res.LastInsertId()
+}
+
+// encodeHeaders returns h as the JSON the headers column holds, or nil for
+// no headers. It refuses headers whose JSON would not fit the column rather
+// than let a non-strict server cut them.
+func encodeHeaders(h map[string]string) (any, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // <, > and & as themselves: fewer bytes, same meaning
+	if err := enc.Encode(h); err != nil {
+		return nil, fmt.Errorf("outbox: encode headers: %w", err)
+	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(b) > maxHeadersJSON {
+		return nil, fmt.Errorf("%w: headers take %d bytes as JSON, more than the %d the headers column holds (control characters take 6 bytes each)",
+			broker.ErrInvalidMessage, len(b), maxHeadersJSON)
+	}
+	return string(b), nil
 }
 
 // Cancel marks a pending, published or dead task cancelled, so its message,

@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -90,16 +92,37 @@ func TestSchedule_RejectsBadInputAndWritesNothing(t *testing.T) {
 		{"zero due time", func(t *outbox.Task) { t.DueAt = time.Time{} }, outbox.ErrInvalidDue},
 		{"due in 1970", func(t *outbox.Task) { t.DueAt = time.Unix(5, 0) }, outbox.ErrInvalidDue},
 		{"due beyond the horizon", func(t *outbox.Task) { t.DueAt = time.Now().AddDate(11, 0, 0) }, broker.ErrTooFar},
+		{"due a nanosecond before 2000", func(t *outbox.Task) { t.DueAt = time.Date(1999, 12, 31, 23, 59, 59, 999999999, time.UTC) }, outbox.ErrInvalidDue},
+		{"due in year 9999", func(t *outbox.Task) { t.DueAt = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) }, broker.ErrTooFar},
+		{"key with \\x01", func(t *outbox.Task) { t.Key = "o\x011" }, broker.ErrInvalidKey},
+		{"key with \\x02", func(t *outbox.Task) { t.Key = "o\x021" }, broker.ErrInvalidKey},
 		{"header not UTF-8", func(t *outbox.Task) { t.Headers = map[string]string{"h": "\xfe"} }, broker.ErrInvalidMessage},
+		{"header name not UTF-8", func(t *outbox.Task) { t.Headers = map[string]string{"\xfe": "v"} }, broker.ErrInvalidMessage},
+		{"empty header name", func(t *outbox.Task) { t.Headers = map[string]string{"": "v"} }, broker.ErrInvalidMessage},
+		{"header with \\x01", func(t *outbox.Task) { t.Headers = map[string]string{"h": "a\x01b"} }, broker.ErrInvalidMessage},
+		{"one header of 16 KiB", func(t *outbox.Task) { t.Headers = map[string]string{"h": strings.Repeat("v", broker.MaxHeaderBytes)} }, broker.ErrInvalidMessage},
+		{"one header of 64 KiB", func(t *outbox.Task) { t.Headers = map[string]string{"h": strings.Repeat("v", 64<<10)} }, broker.ErrInvalidMessage},
+		{"1,000 tiny headers", func(t *outbox.Task) { t.Headers = manyHeaders(1000) }, broker.ErrInvalidMessage},
+		{"headers whose JSON overflows the column", func(t *outbox.Task) {
+			// 15 KiB of NUL is within MaxHeaderBytes but 90 KiB as JSON.
+			t.Headers = map[string]string{"h": strings.Repeat("\x00", 15<<10)}
+		}, broker.ErrInvalidMessage},
+		{"trace over 512 bytes", func(t *outbox.Task) { t.Trace = strings.Repeat("t", 513) }, broker.ErrInvalidMessage},
+		{"trace not UTF-8", func(t *outbox.Task) { t.Trace = "\xff" }, broker.ErrInvalidMessage},
+		{"trace with \\x02", func(t *outbox.Task) { t.Trace = "00-\x02" }, broker.ErrInvalidMessage},
 	} {
 		task := ok()
 		tc.edit(&task)
-		if _, err := outbox.Schedule(b.ctx, b.db, task); !errors.Is(err, tc.want) {
+		_, err := outbox.Schedule(b.ctx, b.db, task)
+		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: Schedule = %v, want %v", tc.name, err, tc.want)
 		}
-	}
-	if n := b.count(t, "1=1"); n != 0 {
-		t.Fatalf("bad input wrote %d rows", n)
+		if err != nil && len(err.Error()) > 600 {
+			t.Errorf("%s: an error of %d bytes is not a readable one", tc.name, len(err.Error()))
+		}
+		if n := b.count(t, "1=1"); n != 0 {
+			t.Fatalf("%s: bad input wrote %d rows", tc.name, n)
+		}
 	}
 	exact := ok()
 	exact.Payload = make([]byte, outbox.DefaultMaxPayload)
@@ -107,6 +130,81 @@ func TestSchedule_RejectsBadInputAndWritesNothing(t *testing.T) {
 	if _, err := outbox.New(outbox.Config{MaxPayload: 10}).Schedule(b.ctx, b.db, outbox.Task{Topic: "t", Key: "k", DueAt: time.Now(), Payload: make([]byte, 11)}); !errors.Is(err, outbox.ErrPayloadTooLarge) {
 		t.Fatalf("configured MaxPayload not applied: %v", err)
 	}
+	// A MaxPayload no broker can carry means the ceiling.
+	huge := outbox.New(outbox.Config{MaxPayload: 1 << 30})
+	if _, err := huge.Schedule(b.ctx, b.db, outbox.Task{Topic: "t", Key: "k", DueAt: time.Now(), Payload: make([]byte, outbox.MaxPayloadCeiling+1)}); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+		t.Fatalf("a payload over MaxPayloadCeiling with MaxPayload 1 GiB: %v, want ErrPayloadTooLarge", err)
+	}
+	if n := b.count(t, "1=1"); n != 1 {
+		t.Fatalf("%d rows, want only the payload at exactly the limit", n)
+	}
+}
+
+func TestSchedule_LargestValidTaskIsWrittenWhole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	headers := map[string]string{}
+	// Headers at exactly MaxHeaderBytes: many small ones and a long one.
+	size := 0
+	for i := range 200 {
+		headers[fmt.Sprintf("h%03d", i)] = "v"
+		size += broker.HeaderBytes("h000", "v")
+	}
+	// 12 KiB of <: stored as such, not escaped to \u003c, which would
+	// take 72 KiB and overflow the column.
+	headers["last"] = strings.Repeat("<", broker.MaxHeaderBytes-size-broker.HeaderBytes("last", ""))
+	task := outbox.Task{
+		Topic:   strings.Repeat("T", broker.MaxTopicLen),
+		Key:     strings.Repeat("订", broker.MaxKeyLen/3),
+		DueAt:   time.Now().Add(outbox.DefaultHorizon - time.Minute),
+		Payload: make([]byte, outbox.DefaultMaxPayload),
+		Headers: headers,
+		Trace:   strings.Repeat("t", broker.MaxTraceLen),
+	}
+	b.schedule(t, task)
+	info, err := outbox.Get(b.ctx, b.db, task.Topic, task.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Task.Key != task.Key || len(info.Task.Payload) != len(task.Payload) || info.Task.Trace != task.Trace || !maps.Equal(info.Task.Headers, headers) {
+		t.Fatal("the largest valid task was not stored whole")
+	}
+}
+
+func TestReschedule_RejectsBadDueAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	due := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	b.schedule(t, outbox.Task{Topic: "r", Key: "k", DueAt: due})
+	for name, bad := range map[string]struct {
+		due  time.Time
+		want error
+	}{
+		"zero":           {time.Time{}, outbox.ErrInvalidDue},
+		"before 2000":    {time.Unix(0, 0), outbox.ErrInvalidDue},
+		"beyond horizon": {time.Now().AddDate(11, 0, 0), broker.ErrTooFar},
+		"year 9999":      {time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), broker.ErrTooFar},
+	} {
+		if err := outbox.Reschedule(b.ctx, b.db, "r", "k", bad.due); !errors.Is(err, bad.want) {
+			t.Errorf("%s: Reschedule = %v, want %v", name, err, bad.want)
+		}
+	}
+	info, err := outbox.Get(b.ctx, b.db, "r", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Task.DueAt.Equal(due) || info.Generation != 0 || info.State != outbox.StatePending || !info.UpdatedAt.Equal(info.CreatedAt) {
+		t.Fatalf("bad reschedules changed the task: %+v", info)
+	}
+}
+
+// manyHeaders returns n headers of one byte each.
+func manyHeaders(n int) map[string]string {
+	h := map[string]string{}
+	for i := range n {
+		h[fmt.Sprintf("%04d", i)] = "v"
+	}
+	return h
 }
 
 func TestSchedule_MetacharactersRoundTripUnharmed(t *testing.T) {

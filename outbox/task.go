@@ -77,7 +77,8 @@ type Info struct {
 // Config bounds what Schedule accepts. Its zero value means the defaults.
 type Config struct {
 	// MaxPayload is the largest payload in bytes. Default 256 KiB, well
-	// under RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB.
+	// under RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB. A value
+	// above MaxPayloadCeiling means MaxPayloadCeiling.
 	MaxPayload int
 	// Horizon is the furthest due time accepted from now. Default 10 years.
 	Horizon time.Duration
@@ -91,10 +92,23 @@ const (
 	DefaultHorizon    = 10 * 365 * 24 * time.Hour
 )
 
+// MaxPayloadCeiling is the largest MaxPayload takes effect: RocketMQ's
+// default body limit of 4 MiB less 64 KiB, room for the client's
+// compression of an incompressible body to grow it a little. RabbitMQ and
+// the payload column (MEDIUMBLOB, 16 MiB) take more; a task must be able to
+// travel through either broker.
+const MaxPayloadCeiling = 4<<20 - 64<<10
+
+// maxHeadersJSON is what the headers column (TEXT) holds. JSON escapes a
+// control character as six bytes, so headers within MaxHeaderBytes can
+// still overflow it.
+const maxHeadersJSON = 65535
+
 func (c Config) withDefaults() Config {
 	if c.MaxPayload <= 0 {
 		c.MaxPayload = DefaultMaxPayload
 	}
+	c.MaxPayload = min(c.MaxPayload, MaxPayloadCeiling)
 	if c.Horizon <= 0 {
 		c.Horizon = DefaultHorizon
 	}
