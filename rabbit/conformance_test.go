@@ -16,27 +16,32 @@ func TestLadder_PassesBrokerConformanceSuite(t *testing.T) {
 		New: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
 			return b.clients(t, topic)
 		},
-		PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) {
-			b.topic(topic)
-			ch := b.channel(t)
-			if err := ch.Confirm(false); err != nil {
-				t.Fatalf("confirm: %v", err)
-			}
+		PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) error {
 			h := amqp.Table{}
 			for k, v := range headers {
 				h[k] = v
 			}
-			dc, err := ch.PublishWithDeferredConfirm("", topology{cfg: b.cfg}.topicQueue(topic), true, false, amqp.Publishing{Headers: h, Body: body, DeliveryMode: amqp.Persistent})
-			if err != nil {
-				t.Fatalf("publish raw: %v", err)
-			}
-			if !dc.Wait() {
-				t.Fatal("publish raw: nacked")
-			}
+			return b.publishRaw(t, topic, h, body)
+		},
+		PublishRawValues: func(t *testing.T, topic string, headers map[string]any, body []byte) error {
+			return b.publishRaw(t, topic, table(headers), body)
 		},
 		Features: brokertest.Features{
 			MaxHop:    LadderMaxHop(testUnit, testDepth),
 			LateBound: time.Second,
 		},
 	})
+}
+
+// table turns the header values brokertest sends into AMQP field values:
+// nested maps become tables, the rest is sent as it is.
+func table(m map[string]any) amqp.Table {
+	t := amqp.Table{}
+	for k, v := range m {
+		if sub, ok := v.(map[string]any); ok {
+			v = table(sub)
+		}
+		t[k] = v
+	}
+	return t
 }

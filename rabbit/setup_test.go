@@ -2,6 +2,8 @@ package rabbit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -75,6 +77,26 @@ func (b *bundle) channel(t *testing.T) *amqp.Channel {
 		t.Fatalf("channel: %v", err)
 	}
 	return ch
+}
+
+// publishRaw puts a message with exactly these headers and body on topic's
+// queue through the default exchange, as a foreign producer would, and
+// returns the broker's refusal if any.
+func (b *bundle) publishRaw(t *testing.T, topic string, headers amqp.Table, body []byte) error {
+	t.Helper()
+	b.topic(topic)
+	ch := b.channel(t)
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("confirm: %w", err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm("", topology{cfg: b.cfg}.topicQueue(topic), true, false, amqp.Publishing{Headers: headers, Body: body, DeliveryMode: amqp.Persistent})
+	if err != nil {
+		return fmt.Errorf("publish raw: %w", err)
+	}
+	if !dc.Wait() {
+		return errors.New("publish raw: nacked")
+	}
+	return nil
 }
 
 // deleteTopology removes every queue and exchange of the bundle's prefix.

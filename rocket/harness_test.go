@@ -128,13 +128,12 @@ func (e *env) harness(limits broker.Limits, late time.Duration) brokertest.Harne
 		New: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
 			return e.clients(t, topic, limits)
 		},
-		PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) {
+		PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) error {
 			e.topic(t, topic)
-			if err := e.publishRaw(t, topic, headers, body); err != nil {
-				t.Fatalf("PublishRaw: %v", err)
-			}
+			return e.publishRaw(t, topic, headers, body)
 		},
-		Features: brokertest.Features{MaxHop: limits.MaxHop, LateBound: late},
+		// Properties travel as JSON between the client and the broker.
+		Features: brokertest.Features{MaxHop: limits.MaxHop, LateBound: late, HeadersAlwaysUTF8: true},
 	}
 }
 

@@ -26,6 +26,12 @@ type Features struct {
 	Burst int
 	// BurstWait bounds how long the burst may take to drain. Default 60s.
 	BurstWait time.Duration
+	// HeadersAlwaysUTF8 says the broker's wire format cannot carry invalid
+	// UTF-8 in a header: RocketMQ's client serialises properties as JSON,
+	// which turns each bad byte into U+FFFD. A foreign message with such a
+	// header then arrives valid, and the suite expects it handled rather
+	// than dead.
+	HeadersAlwaysUTF8 bool
 }
 
 // Harness connects the suite to one adapter on its real broker.
@@ -36,8 +42,15 @@ type Harness struct {
 	// again to stand up a second consumer.
 	New func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber)
 	// PublishRaw puts a message with exactly these headers and body on
-	// topic's consumer queue, as a foreign producer would.
-	PublishRaw func(t *testing.T, topic string, headers map[string]string, body []byte)
+	// topic's consumer queue, as a foreign producer would. It returns the
+	// broker's refusal, if it refused the message (one with headers beyond
+	// the broker's limits, say).
+	PublishRaw func(t *testing.T, topic string, headers map[string]string, body []byte) error
+	// PublishRawValues, when set, does what PublishRaw does with header
+	// values of any type the broker's protocol has: int64, int32, bool,
+	// float64, []byte, time.Time, map[string]any (a nested table) and
+	// []any. Leave it nil for a broker whose headers are strings only.
+	PublishRawValues func(t *testing.T, topic string, headers map[string]any, body []byte) error
 	// Features describe the adapter.
 	Features Features
 }
@@ -60,6 +73,8 @@ func TestAdapter(t *testing.T, h Harness) {
 	t.Run("BurstAllArrive", func(t *testing.T) { testBurst(t, h) })
 	t.Run("FailingHandlerRetriesThenGoesDead", func(t *testing.T) { testRetryDead(t, h) })
 	t.Run("MalformedMessageGoesDeadWithoutBlocking", func(t *testing.T) { testMalformed(t, h) })
+	t.Run("ForeignMessagesGoToTheDeadTopicWithAReason", func(t *testing.T) { testForeign(t, h) })
+	t.Run("PanickingAndStuckHandlersGoDeadWithoutBlocking", func(t *testing.T) { testPanicAndStuck(t, h) })
 	t.Run("ConsumerClosedMidFlightLosesNothing", func(t *testing.T) { testCloseMidFlight(t, h) })
 }
 
@@ -310,13 +325,13 @@ func testMalformed(t *testing.T, h Harness) {
 	topic := Topic(t)
 	r := newRecorder()
 	_, pub := startConsumer(t, h, topic, r.handle, r, broker.ConsumerConfig{})
-	h.PublishRaw(t, topic, map[string]string{"foreign": "yes"}, []byte("not ours"))
+	publishRaw(t, h, topic, map[string]string{"foreign": "yes"}, []byte("not ours"))
 	// An envelope whose due time is not a number, and one due in 9999.
 	bad := broker.Encode(message(topic, "bad-due", time.Now()))
 	bad[broker.HeaderDeliverAt] = "tomorrow"
-	h.PublishRaw(t, topic, bad, []byte("x"))
+	publishRaw(t, h, topic, bad, []byte("x"))
 	far := broker.Encode(message(topic, "year-9999", time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)))
-	h.PublishRaw(t, topic, far, []byte("x"))
+	publishRaw(t, h, topic, far, []byte("x"))
 	publish(t, pub, message(topic, "good-after-malformed", time.Now()))
 	r.waitFor(t, 20*time.Second+h.Features.LateBound, "the malformed messages dead and the good one handled", func() bool {
 		return r.dead["malformed"] != nil && r.dead["year-9999"] != nil && r.malformed >= 2 && len(r.handled["good-after-malformed"]) > 0
@@ -334,6 +349,13 @@ func testMalformed(t *testing.T, h Harness) {
 	}
 	if !noEnvelope || !badDue {
 		t.Errorf("dead reasons %v: want one ErrNoEnvelope and one EnvelopeError naming %s", r.malformedReasons, broker.HeaderDeliverAt)
+	}
+}
+
+func publishRaw(t *testing.T, h Harness, topic string, headers map[string]string, body []byte) {
+	t.Helper()
+	if err := h.PublishRaw(t, topic, headers, body); err != nil {
+		t.Fatalf("PublishRaw: %v", err)
 	}
 }
 

@@ -25,10 +25,8 @@ func TestMemoryBroker_Conformance(t *testing.T) {
 			t.Cleanup(func() { _ = b.Close() })
 			brokertest.TestAdapter(t, brokertest.Harness{
 				New: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) { return b, b },
-				PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) {
-					if err := b.PublishRaw(topic, headers, body); err != nil {
-						t.Fatal(err)
-					}
+				PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) error {
+					return b.PublishRaw(topic, headers, body)
 				},
 				Features: brokertest.Features{MaxHop: 2 * time.Second, LateBound: 150 * time.Millisecond},
 			})
