@@ -6,6 +6,13 @@
 #   scripts/services.sh status  print each service up/down
 #   scripts/services.sh env     print the shell-sourceable settings the tests and CLI read
 #
+# TLS: `up` also makes a throwaway local CA, a server certificate for
+# 127.0.0.1/localhost and a client certificate under .services/tls (git-ignored),
+# installs copies readable only by the mysql and rabbitmq users, and turns on TLS
+# in MariaDB (optional per connection: plain clients still work) and a RabbitMQ
+# AMQPS listener on 127.0.0.1:5671. `env` prints their paths as
+# DELAYBRIDGE_TEST_TLS_* for the TLS tests.
+#
 # Runs as root on Debian 12 without systemd: services are started directly, never
 # through invoke-rc.d. A service already listening on its port is reused.
 # MariaDB and RabbitMQ use Debian's packages and locations (/var/lib/mysql,
@@ -30,10 +37,14 @@ SCRIPTS="$ROOT/scripts"
 RMQ_DIR="$ROOT/.services/rocketmq"
 RMQ_LIB="$RMQ_DIR/lib"
 RMQ_LOGS="$RMQ_DIR/logs"
+TLS_DIR="$ROOT/.services/tls"
+MARIADB_TLS=/etc/mysql/delaybridge-tls
+RABBIT_TLS=/etc/rabbitmq/delaybridge-tls
 START_TIMEOUT="${DELAYBRIDGE_START_TIMEOUT:-120}"
 
 MYSQL_DSN='delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true&multiStatements=true'
 AMQP_URL='amqp://delaybridge:delaybridge@127.0.0.1:5672/'
+AMQPS_URL='amqps://delaybridge:delaybridge@127.0.0.1:5671/'
 NAMESRV='127.0.0.1:9876'
 
 MARIADB_LOG=/var/log/mysql/error.log
@@ -86,6 +97,57 @@ install_file() {
 	return 0
 }
 
+# install_secret SRC DST OWNER : like install_file, but mode 0600 owned by
+# OWNER (a key only that service's user may read); also fixes owner and mode.
+install_secret() {
+	local changed=1
+	if [[ -f "$2" ]] && cmp -s "$1" "$2"; then
+		changed=0
+	fi
+	install -m 0600 -o "$3" -g "$3" "$1" "$2"
+	((changed)) && log "installed $2"
+	((changed))
+}
+
+# ---------------------------------------------------------------- TLS
+
+# tls_certs: a local CA, a server certificate for 127.0.0.1 and localhost,
+# and a client certificate, all signed by that CA, in $TLS_DIR. Made once;
+# made again when missing or when the server certificate expires within 30
+# days. They protect nothing but these local test services.
+tls_certs() {
+	local t0
+	t0=$(now)
+	if [[ -s "$TLS_DIR/ca.pem" && -s "$TLS_DIR/server.pem" && -s "$TLS_DIR/client.pem" ]] &&
+		openssl x509 -checkend 2592000 -noout -in "$TLS_DIR/server.pem" >/dev/null 2>&1; then
+		timing "tls certificates" "$(elapsed "$t0")"
+		return 0
+	fi
+	log "making a local test CA and certificates in $TLS_DIR"
+	rm -rf "$TLS_DIR"
+	mkdir -p "$TLS_DIR"
+	chmod 0700 "$TLS_DIR"
+	(
+		cd "$TLS_DIR"
+		umask 077
+		openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=delaybridge local test CA" \
+			-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+			-keyout ca-key.pem -out ca.pem 2>/dev/null
+		# leaf NAME CN EXTENSIONS
+		leaf() {
+			openssl req -newkey rsa:2048 -nodes -subj "/CN=$2" -keyout "$1-key.pem" -out "$1.csr" 2>/dev/null
+			printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "$3" >"$1.ext"
+			openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 825 \
+				-extfile "$1.ext" -out "$1.pem" 2>/dev/null
+			rm -f "$1.csr" "$1.ext"
+		}
+		leaf server localhost $'extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost'
+		leaf client delaybridge-test-client "extendedKeyUsage=clientAuth"
+		chmod 0644 ca.pem server.pem client.pem
+	) || die "openssl could not make the test certificates"
+	timing "tls certificates" "$(elapsed "$t0")"
+}
+
 # ---------------------------------------------------------------- install
 
 ensure_installed() {
@@ -95,6 +157,7 @@ ensure_installed() {
 	command -v mariadb >/dev/null 2>&1 || pkgs+=(mariadb-client)
 	[[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
 	command -v java >/dev/null 2>&1 || pkgs+=(default-jre-headless)
+	command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
 	if [[ ! -d "$RMQ_LIB" ]] || [[ -z "$(ls -A "$RMQ_LIB" 2>/dev/null)" ]]; then
 		command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
 	fi
@@ -123,9 +186,19 @@ mariadb_up() {
 	local t0 changed=0
 	t0=$(now)
 	install_file "$SCRIPTS/mariadb/delaybridge.cnf" /etc/mysql/mariadb.conf.d/99-delaybridge.cnf && changed=1
-	mkdir -p /var/log/mysql /run/mysqld
+	mkdir -p /var/log/mysql /run/mysqld "$MARIADB_TLS"
 	chown mysql:adm /var/log/mysql
 	chown mysql:root /run/mysqld
+	chown mysql:mysql "$MARIADB_TLS"
+	chmod 0700 "$MARIADB_TLS"
+	local certs=0
+	install_secret "$TLS_DIR/ca.pem" "$MARIADB_TLS/ca.pem" mysql && certs=1
+	install_secret "$TLS_DIR/server.pem" "$MARIADB_TLS/server.pem" mysql && certs=1
+	install_secret "$TLS_DIR/server-key.pem" "$MARIADB_TLS/server-key.pem" mysql && certs=1
+	if port_open 3306 && ((!changed)) && [[ "$(mariadb -uroot -N -e "SELECT @@have_ssl" 2>/dev/null)" != YES ]]; then
+		log "MariaDB runs without TLS: restarting"
+		changed=1
+	fi
 	if [[ ! -d /var/lib/mysql/mysql ]]; then
 		log "initialising MariaDB data directory"
 		mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
@@ -136,6 +209,10 @@ mariadb_up() {
 	fi
 	if port_open 3306; then
 		log "MariaDB already running on 127.0.0.1:3306, reusing"
+		if ((certs)); then
+			log "MariaDB: new TLS certificates, reloading them (FLUSH SSL)"
+			mariadb -uroot -e "FLUSH SSL"
+		fi
 	else
 		log "starting MariaDB"
 		# mysqld_safe restarts mariadbd if it crashes; Debian's [mysqld_safe]
@@ -160,7 +237,7 @@ mariadb_up() {
 		FLUSH PRIVILEGES;
 	SQL
 	mariadb -udelaybridge -pdelaybridge -h127.0.0.1 -P3306 delaybridge -N -e \
-		'SELECT CONCAT("MariaDB ", VERSION(), ", charset ", @@character_set_server, ", time_zone ", @@global.time_zone)' >&2 ||
+		'SELECT CONCAT("MariaDB ", VERSION(), ", charset ", @@character_set_server, ", time_zone ", @@global.time_zone, ", TLS ", @@have_ssl)' >&2 ||
 		die "MariaDB: user delaybridge cannot log in over TCP"
 	timing "setup mariadb" "$(elapsed "$t0")"
 }
@@ -184,6 +261,17 @@ rabbit_up() {
 	t0=$(now)
 	install_file "$SCRIPTS/rabbitmq/rabbitmq.conf" /etc/rabbitmq/rabbitmq.conf && changed=1
 	install_file "$SCRIPTS/rabbitmq/advanced.config" /etc/rabbitmq/advanced.config && changed=1
+	mkdir -p "$RABBIT_TLS"
+	chown rabbitmq:rabbitmq "$RABBIT_TLS"
+	chmod 0700 "$RABBIT_TLS"
+	# The listener reads its certificates when it starts: new ones need a restart.
+	install_secret "$TLS_DIR/ca.pem" "$RABBIT_TLS/ca.pem" rabbitmq && changed=1
+	install_secret "$TLS_DIR/server.pem" "$RABBIT_TLS/server.pem" rabbitmq && changed=1
+	install_secret "$TLS_DIR/server-key.pem" "$RABBIT_TLS/server-key.pem" rabbitmq && changed=1
+	if port_open 5672 && ! port_open 5671; then
+		log "RabbitMQ runs without its TLS listener on 5671"
+		changed=1
+	fi
 	if port_open 5672 && ((changed)); then
 		log "RabbitMQ config changed: restarting"
 		rabbit_down
@@ -199,6 +287,7 @@ rabbit_up() {
 		nohup setsid rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1 &
 		wait_for RabbitMQ "$START_TIMEOUT" port_open 5672 || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
 		rabbitmqctl -q await_startup --timeout 60 >/dev/null || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
+		wait_for RabbitMQ 30 port_open 5671 || fail "RabbitMQ (TLS listener on 5671)" "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
 	fi
 	timing "start rabbitmq" "$(elapsed "$t0")"
 
@@ -333,6 +422,7 @@ cmd_up() {
 	local t0
 	t0=$(now)
 	ensure_installed
+	tls_certs
 	mariadb_up
 	rabbit_up
 	rocketmq_up
@@ -369,6 +459,10 @@ cmd_env() {
 		DELAYBRIDGE_ROCKETMQ_BROKER_ADDR='127.0.0.1:10911'
 		DELAYBRIDGE_ROCKETMQ_MAX_DELAY='1h'
 		DELAYBRIDGE_ROCKETMQ_PRECISION='100ms'
+		DELAYBRIDGE_TEST_AMQPS_URL='$AMQPS_URL'
+		DELAYBRIDGE_TEST_TLS_CA='$TLS_DIR/ca.pem'
+		DELAYBRIDGE_TEST_TLS_CLIENT_CERT='$TLS_DIR/client.pem'
+		DELAYBRIDGE_TEST_TLS_CLIENT_KEY='$TLS_DIR/client-key.pem'
 	EOF
 }
 
