@@ -1,10 +1,12 @@
 package rabbit
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
@@ -88,8 +90,16 @@ const delayedPrecision = 10 * time.Millisecond
 // broker, Prefix, Mode, Unit, Depth and MaxLength: those shape the topology
 // both declare. Zero values mean the defaults above.
 type Config struct {
-	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost. Required.
+	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost, or
+	// amqps://… for TLS. Required.
 	URL string
+	// TLS configures the TLS of an amqps:// URL: the CA that verifies the
+	// server and the client certificate, if any. Nil means what the URL's
+	// query says (amqp091-go reads cacertfile, certfile, keyfile and
+	// server_name_indication) or, without those, the system roots. Setting
+	// it with an amqp:// URL is an error, so TLS is never silently off.
+	// Each connection uses its own copy.
+	TLS *tls.Config
 	// Prefix starts every exchange and queue name. Default DefaultPrefix.
 	Prefix string
 	// Mode chooses the ladder (default) or the delayed-message exchange.
@@ -142,6 +152,9 @@ type Config struct {
 func (c Config) withDefaults() (Config, error) {
 	if c.URL == "" {
 		return c, errors.New("rabbit: Config.URL is required")
+	}
+	if c.TLS != nil && !strings.HasPrefix(strings.ToLower(c.URL), "amqps://") {
+		return c, errors.New("rabbit: Config.TLS needs an amqps:// URL")
 	}
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix

@@ -35,6 +35,8 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 		Heartbeat:  cfg.Heartbeat,
 		Properties: props,
 		Dial:       amqp.DefaultDial(cfg.DialTimeout),
+		// amqp091-go writes the server name into the config it is given.
+		TLSClientConfig: cfg.TLS.Clone(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rabbit: dial: %w", err)

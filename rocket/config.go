@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
 	"github.com/delaybridge/delaybridge/broker"
 )
 
@@ -57,6 +59,18 @@ type Config struct {
 	// message the broker still has, so tasks published before the group
 	// first connected are not skipped.
 	StartFromLatest bool
+	// AccessKey and SecretKey are the ACL credentials of a broker with
+	// aclEnable=true. The client signs every request with SecretKey
+	// (HMAC-SHA1) and sends AccessKey and the signature; SecretKey itself
+	// never travels. Both or neither; empty means no ACL.
+	AccessKey string
+	SecretKey string
+	// TLS makes the client talk TLS to the name servers and brokers.
+	// rocketmq-client-go does not verify the server's certificate, so this
+	// stops eavesdropping, not an active man in the middle; and the client
+	// keeps the setting in a process-wide default, so once one client
+	// starts with TLS, every later client of the process uses TLS too.
+	TLS bool
 	// Logger receives the adapter's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -155,7 +169,31 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if (c.AccessKey == "") != (c.SecretKey == "") {
+		return c, errors.New("rocket: Config.AccessKey and Config.SecretKey go together")
+	}
 	return c, nil
+}
+
+// credentials returns the ACL credentials, empty without ACL.
+func (c Config) credentials() primitive.Credentials {
+	return primitive.Credentials{AccessKey: c.AccessKey, SecretKey: c.SecretKey}
+}
+
+// clientOptions returns the connection settings every client of this
+// package shares, ACL credentials and TLS, as options of one client kind:
+// clientOptions(cfg, producer.WithCredentials, producer.WithTls). TLS is
+// only ever switched on: the client keeps it in a process-wide default, and
+// switching it off here would turn it off for other clients.
+func clientOptions[O any](c Config, withCredentials func(primitive.Credentials) O, withTLS func(bool) O) []O {
+	var opts []O
+	if cr := c.credentials(); !cr.IsEmpty() {
+		opts = append(opts, withCredentials(cr))
+	}
+	if c.TLS {
+		opts = append(opts, withTLS(true))
+	}
+	return opts
 }
 
 // instanceSeq makes every client's instance name unique in the process:

@@ -90,13 +90,13 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	installClientLog()
-	prod, err := producer.NewDefaultProducer(
+	prod, err := producer.NewDefaultProducer(append([]producer.Option{
 		producer.WithNameServer(cfg.NameServers),
 		producer.WithGroupName(cfg.ProducerGroup),
 		producer.WithInstanceName(instanceName("pub")),
 		producer.WithSendMsgTimeout(cfg.SendTimeout),
 		producer.WithRetry(cfg.SendRetries),
-	)
+	}, clientOptions(cfg, producer.WithCredentials, producer.WithTls)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("rocket: new producer: %w", err)
 	}

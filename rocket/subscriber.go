@@ -110,7 +110,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 		}
 		return mine
 	}
-	pc, err := consumer.NewPushConsumer(
+	pc, err := consumer.NewPushConsumer(append(clientOptions(s.cfg, consumer.WithCredentials, consumer.WithTls),
 		consumer.WithNameServer(s.cfg.NameServers),
 		consumer.WithGroupName(s.Group(topic)),
 		consumer.WithInstance(instanceName("sub")),
@@ -124,7 +124,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 		// message the runtime still owns.
 		consumer.WithMaxReconsumeTimes(maxReconsumeTimes),
 		consumer.WithStrategy(allocate),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("rocket: new push consumer for %s: %w", topic, err)
 	}

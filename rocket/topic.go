@@ -2,6 +2,7 @@ package rocket
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,7 +21,16 @@ func CreateTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 	if err := broker.ValidateTopic(topic); err != nil {
 		return err
 	}
-	return createRouted(ctx, nameServers, brokerAddr, topic, queues)
+	return createRouted(ctx, Config{NameServers: nameServers}, brokerAddr, topic, queues)
+}
+
+// CreateTopic creates topic as the package's CreateTopic does, with the
+// Publisher's ACL credentials and TLS setting.
+func (p *Publisher) CreateTopic(ctx context.Context, brokerAddr, topic string, queues int) error {
+	if err := broker.ValidateTopic(topic); err != nil {
+		return err
+	}
+	return createRouted(ctx, p.cfg, brokerAddr, topic, queues)
 }
 
 // CreateTopic creates topic as the package's CreateTopic does and, with it,
@@ -30,25 +40,38 @@ func CreateTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 // second; otherwise only after its first route refresh, 30 to 40 seconds
 // (see Subscriber).
 func (s *Subscriber) CreateTopic(ctx context.Context, brokerAddr, topic string, queues int) error {
-	if err := CreateTopic(ctx, s.cfg.NameServers, brokerAddr, topic, queues); err != nil {
+	if err := broker.ValidateTopic(topic); err != nil {
+		return err
+	}
+	if err := createRouted(ctx, s.cfg, brokerAddr, topic, queues); err != nil {
 		return err
 	}
 	// One queue, as the broker gives a retry topic it creates itself.
-	if err := createRouted(ctx, s.cfg.NameServers, brokerAddr, retryTopicPrefix+s.Group(topic), 1); err != nil {
+	if err := createRouted(ctx, s.cfg, brokerAddr, retryTopicPrefix+s.Group(topic), 1); err != nil {
 		return err
 	}
 	s.retryRouted.Store(topic, struct{}{})
 	return nil
 }
 
+// ErrCreateTopicWithACL reports a topic creation asked of a client with
+// ACL credentials. rocketmq-client-go's admin client sends CreateTopic to
+// the broker without the ACL signature, so an ACL broker would refuse it;
+// on such a cluster topics are created by an administrator (mqadmin
+// updateTopic) before delaybridge uses them.
+var ErrCreateTopicWithACL = errors.New("rocket: cannot create topics with ACL credentials (rocketmq-client-go does not sign admin requests); create them with mqadmin updateTopic")
+
 // retryTopicPrefix starts the name of a consumer group's retry topic.
 const retryTopicPrefix = "%RETRY%"
 
 // createRouted creates or updates name on brokerAddr and waits until the
-// name servers route it.
-func createRouted(ctx context.Context, nameServers []string, brokerAddr, name string, queues int) error {
+// name servers of cfg route it.
+func createRouted(ctx context.Context, cfg Config, brokerAddr, name string, queues int) error {
+	if !cfg.credentials().IsEmpty() {
+		return fmt.Errorf("%w: topic %s", ErrCreateTopicWithACL, name)
+	}
 	installClientLog()
-	adm, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(nameServers)))
+	adm, err := admin.NewAdmin(append(clientOptions(cfg, admin.WithCredentials, admin.WithTls), admin.WithResolver(primitive.NewPassthroughResolver(cfg.NameServers)))...)
 	if err != nil {
 		return fmt.Errorf("rocket: admin client: %w", err)
 	}
