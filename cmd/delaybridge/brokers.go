@@ -20,6 +20,7 @@ type brokerFlags struct {
 	kind string
 
 	amqpURL     string
+	amqpTLS     tlsFlags
 	rabbitMode  string
 	rabbitPref  string
 	rabbitUnit  time.Duration
@@ -33,6 +34,9 @@ type brokerFlags struct {
 	rocketGroup string
 	rocketAddr  string
 	rocketQs    int
+	rocketAK    string
+	rocketSK    string
+	rocketTLS   bool
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -50,6 +54,11 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.rocketGroup, "rocketmq-group-prefix", rocket.DefaultGroupPrefix, "prefix of RocketMQ consumer group names")
 	fs.StringVar(&b.rocketAddr, "rocketmq-broker-addr", "127.0.0.1:10911", "RocketMQ broker address where demo and bench create their topics")
 	fs.IntVar(&b.rocketQs, "rocketmq-queues", 8, "read and write queues of the topics demo and bench create")
+	b.amqpTLS.register(fs, "amqp", "RabbitMQ")
+	fs.StringVar(&b.rocketAK, "rocketmq-access-key", "", "RocketMQ ACL access key (with --rocketmq-secret-key)")
+	fs.StringVar(&b.rocketSK, "rocketmq-secret-key", "", "RocketMQ ACL secret key; prefer --rocketmq-secret-key-file or the environment")
+	fs.BoolVar(&b.rocketTLS, "rocketmq-tls", false, "talk TLS to the RocketMQ name servers and brokers; the client does not verify their certificates (see SECURITY.md)")
+	registerSecretFiles(fs)
 }
 
 // mode names the configured delay mode for reports.
@@ -89,6 +98,14 @@ func parseLevels(s string) ([]time.Duration, error) {
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Logger: a.log}
+	tc, err := b.amqpTLS.config()
+	if err != nil {
+		return cfg, err
+	}
+	if tc != nil && !strings.HasPrefix(strings.ToLower(b.amqpURL), "amqps://") {
+		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", redactURL(b.amqpURL))
+	}
+	cfg.TLS = tc
 	switch b.rabbitMode {
 	case "ladder":
 		cfg.Mode = rabbit.ModeLadder
@@ -101,7 +118,10 @@ func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 }
 
 func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
-	cfg := rocket.Config{GroupPrefix: b.rocketGroup, Logger: a.log}
+	cfg := rocket.Config{GroupPrefix: b.rocketGroup, Logger: a.log, AccessKey: b.rocketAK, SecretKey: b.rocketSK, TLS: b.rocketTLS}
+	if (b.rocketAK == "") != (b.rocketSK == "") {
+		return cfg, fmt.Errorf("--rocketmq-access-key and --rocketmq-secret-key go together")
+	}
 	for _, s := range strings.Split(b.namesrv, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.NameServers = append(cfg.NameServers, s)
@@ -165,7 +185,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 		}
 		pub, err := rocket.NewPublisher(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, err)
+			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, scrub(err, b.rocketSK))
 		}
 		c := &clients{pub: pub, close: func() { _ = pub.Close() }, addr: cfg.NameServers[0]}
 		var rsub *rocket.Subscriber
@@ -177,7 +197,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 					// Also the group's retry topic, so a Nack comes back in a second.
 					err = rsub.CreateTopic(tctx, b.rocketAddr, t, b.rocketQs)
 				} else {
-					err = rocket.CreateTopic(tctx, cfg.NameServers, b.rocketAddr, t, b.rocketQs)
+					err = pub.CreateTopic(tctx, b.rocketAddr, t, b.rocketQs)
 				}
 				cancel()
 				if err != nil {

@@ -82,16 +82,20 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		if err != nil || f.Changed || f.Name == "help" {
 			return
 		}
+		// A value from the environment or the file counts as set, like one
+		// from the command line: applySecretFiles relies on it.
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s: %w", envName(f.Name), e)
 			}
+			f.Changed = true
 			return
 		}
 		if v, ok := fromFile[f.Name]; ok {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("config file %s: %s: %w", file, f.Name, e)
 			}
+			f.Changed = true
 		}
 	})
 	return err

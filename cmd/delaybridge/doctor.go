@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -95,6 +98,7 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		r.fail("database: %v", err)
 		return
 	}
+	checkDatabaseTransport(ctx, a, db, r)
 	if skipLockedSupported(version) {
 		r.ok("database %s supports FOR UPDATE SKIP LOCKED", version)
 	} else {
@@ -120,6 +124,36 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 	}
 }
 
+// checkDatabaseTransport says whether the outbox connection is encrypted,
+// and warns when it is not and leaves this host.
+func checkDatabaseTransport(ctx context.Context, a *app, db *sql.DB, r *report) {
+	var name, cipher string
+	if err := db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &cipher); err != nil {
+		r.warn("database: cannot tell whether the connection is encrypted: %v", err)
+		return
+	}
+	if cipher != "" {
+		r.ok("database connection uses TLS (cipher %s)", cipher)
+		return
+	}
+	cfg, err := a.mysqlConfig()
+	if err != nil || cfg.Net == "unix" {
+		return
+	}
+	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && !isLoopback(host) {
+		r.warn("database connection to %s is not encrypted: set --mysql-tls-ca or tls=true in the DSN (see SECURITY.md)", cfg.Addr)
+	}
+}
+
+// isLoopback reports whether host names this machine.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // skipLockedSupported reads a VERSION() string.
 func skipLockedSupported(v string) bool {
 	maria := strings.Contains(strings.ToLower(v), "mariadb")
@@ -141,12 +175,18 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		r.fail("rabbit: %v", err)
 		return
 	}
-	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"}})
+	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
+		TLSClientConfig: cfg.TLS.Clone()})
 	if err != nil {
 		r.fail("RabbitMQ at %s unreachable: %v", redactURL(bf.amqpURL), scrub(err, bf.amqpURL))
 		return
 	}
 	defer conn.Close()
+	if st := conn.ConnectionState(); st.HandshakeComplete {
+		r.ok("RabbitMQ connection uses %s", tls.VersionName(st.Version))
+	} else if u, err := url.Parse(bf.amqpURL); err == nil && !isLoopback(u.Hostname()) {
+		r.warn("RabbitMQ connection to %s is not encrypted: use an amqps:// URL (see SECURITY.md)", u.Host)
+	}
 	version, _ := conn.Properties["version"].(string)
 	if major, minor := versionOf(version); major > 3 || (major == 3 && minor >= 10) {
 		r.ok("RabbitMQ %s (3.10+ has at-least-once dead-lettering)", version)
@@ -232,11 +272,16 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		return
 	}
 	if err := func() error {
+		pub, err := rocket.NewPublisher(cfg)
+		if err != nil {
+			return err
+		}
+		defer pub.Close()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return rocket.CreateTopic(cctx, cfg.NameServers, bf.rocketAddr, doctorTopic, 1)
+		return pub.CreateTopic(cctx, bf.rocketAddr, doctorTopic, 1)
 	}(); err != nil {
-		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.namesrv, err)
+		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.namesrv, scrub(err, bf.rocketSK))
 		return
 	}
 	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)

@@ -3,15 +3,19 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // the outbox's driver
+	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // DefaultMySQLDSN is the local development database that
@@ -22,6 +26,7 @@ const DefaultMySQLDSN = "delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge
 type app struct {
 	configFile string
 	mysqlDSN   string
+	mysqlTLS   tlsFlags
 	logLevel   string
 	log        *slog.Logger
 	stdout     io.Writer
@@ -46,7 +51,13 @@ Every flag can also be set with an environment variable named DELAYBRIDGE_
 and the flag name in upper case with underscores (--mysql-dsn is
 DELAYBRIDGE_MYSQL_DSN), or in the file given by --config, one "name = value"
 per line. The command line wins over the environment, which wins over the
-file. Passwords in DSNs and URLs are never printed.`,
+file. Each flag that may hold a secret (--mysql-dsn, --amqp-url,
+--rocketmq-secret-key) also has a -file twin (--mysql-dsn-file,
+DELAYBRIDGE_MYSQL_DSN_FILE) that reads the value from a file, so the secret
+stays out of the process list, the environment and the config file. Secrets
+are never printed: passwords in DSNs and URLs are redacted in every message.
+TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
+--rocketmq-tls; see SECURITY.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -58,11 +69,21 @@ file. Passwords in DSNs and URLs are never printed.`,
 			if err := applyConfig(cmd, file); err != nil {
 				return err
 			}
+			if err := applySecretFiles(cmd); err != nil {
+				return err
+			}
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(a.logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+			visitAll(cmd, func(f *pflag.Flag) {
+				if strings.HasSuffix(f.Name, fileSuffix) && f.Value.String() != "" {
+					if w := secretFileModeWarning(f.Value.String()); w != "" {
+						a.log.Warn("delaybridge: secret file "+w, "flag", f.Name)
+					}
+				}
+			})
 			return nil
 		},
 	}
@@ -70,26 +91,48 @@ file. Passwords in DSNs and URLs are never printed.`,
 	pf.StringVar(&a.configFile, "config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
 	pf.StringVar(&a.mysqlDSN, "mysql-dsn", DefaultMySQLDSN, "MySQL/MariaDB DSN of the outbox database (go-sql-driver format)")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	a.mysqlTLS.register(pf, "mysql", "the database")
+	registerSecretFiles(pf)
 
 	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a))
 	return root
 }
 
+// mysqlConfig parses --mysql-dsn and applies the --mysql-tls-* flags.
+// parseTime is on unless the DSN says otherwise.
+func (a *app) mysqlConfig() (*mysql.Config, error) {
+	cfg, err := mysql.ParseDSN(a.mysqlDSN)
+	if err != nil {
+		return nil, fmt.Errorf("--mysql-dsn %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
+	}
+	if !strings.Contains(a.mysqlDSN, "parseTime=") {
+		cfg.ParseTime = true
+	}
+	tc, err := a.mysqlTLS.config()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		if cfg.TLSConfig != "" {
+			return nil, fmt.Errorf("--mysql-tls-* flags and tls=%s in --mysql-dsn: use one", cfg.TLSConfig)
+		}
+		cfg.TLS = tc
+	}
+	return cfg, nil
+}
+
 // openDB opens and pings the outbox database; the password never appears
 // in the error.
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
-	dsn := a.mysqlDSN
-	if !strings.Contains(dsn, "parseTime=") {
-		if strings.Contains(dsn, "?") {
-			dsn += "&parseTime=true"
-		} else {
-			dsn += "?parseTime=true"
-		}
+	cfg, err := a.mysqlConfig()
+	if err != nil {
+		return nil, err
 	}
-	db, err := sql.Open("mysql", dsn)
+	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
 	}
+	db := sql.OpenDB(conn)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
@@ -112,16 +155,44 @@ func (a *app) dbRun(fn func(ctx context.Context, db *sql.DB, args []string) erro
 	}
 }
 
-// scrub removes any secret of dsn that a driver error might echo.
+// scrub removes from err's message every secret, and the password inside
+// each secret that is a DSN or a URL, in case a driver echoes one.
 func scrub(err error, secrets ...string) error {
+	if err == nil {
+		return nil
+	}
 	msg := err.Error()
-	for _, s := range secrets {
-		if s != "" && strings.Contains(msg, s) {
-			msg = strings.ReplaceAll(msg, s, "(redacted)")
-		}
+	for _, s := range secretParts(secrets) {
+		msg = strings.ReplaceAll(msg, s, "(redacted)")
 	}
 	if msg == err.Error() {
 		return err
 	}
-	return fmt.Errorf("%s", msg)
+	return errors.New(msg)
+}
+
+// secretParts returns secrets and the passwords inside them, longest first
+// so a whole DSN is replaced before its password.
+func secretParts(secrets []string) []string {
+	var out []string
+	add := func(s string) {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	for _, s := range secrets {
+		add(s)
+		if cfg, err := mysql.ParseDSN(s); err == nil {
+			add(cfg.Passwd)
+		}
+		if u, err := url.Parse(s); err == nil && u.User != nil {
+			if p, ok := u.User.Password(); ok {
+				add(p)
+				add(url.QueryEscape(p))
+				add(url.PathEscape(p))
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
 }
