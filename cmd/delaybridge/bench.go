@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,6 +93,9 @@ func newBenchCmd(a *app) *cobra.Command {
 		producers  int
 		perTx      int
 		relayWkrs  int
+		relayBatch int
+		anchored   bool
+		cpuProfile string
 		concurrent int
 		batch      int
 		wait       time.Duration
@@ -101,15 +106,18 @@ func newBenchCmd(a *app) *cobra.Command {
 		Use:   "bench",
 		Short: "Load-test the whole path: schedule, relay, broker delay, consumer",
 		Long: `bench schedules --tasks tasks through outbox.Schedule at --rate per second (0 =
-as fast as the producers go), each due --delay after its scheduling plus its
-share of --spread (0 = all due in one burst), runs the relay and a consumer in
-this process, and waits until every task was handled or --wait passed the last
-due time. --handler noop only records the run; --handler db runs outbox.Handle
+as fast as the producers go), each due --delay after its scheduling (after the
+bench start with --anchored) plus its share of --spread (0 = all due in one
+burst), runs the relay and a consumer in this process, and waits until every
+task was handled or --wait passed the last due time. --handler noop only records the run; --handler db runs outbox.Handle
 with a conditional UPDATE of a bench_orders row, the order-timeout shape.
 --baseline first measures a confirmed publish of the same number of messages
 straight through the adapter, without the database, in the same run.
 --preload schedules everything before the relay starts, to measure the relay
-alone against a full table.
+alone against a full table. --relay-only leaves its messages in the broker,
+where they keep moving until due (RabbitMQ's ladder re-queues them level by
+level), which loads the broker for later runs: give such runs a
+--rabbit-prefix of their own and delete its queues afterwards.
 
 It prints progress to stderr and a summary; with --json the last line of
 stdout is one JSON object. lost = tasks never handled, dup_effects = effects
@@ -120,6 +128,17 @@ applied twice.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			if tasks <= 0 || producers <= 0 || perTx <= 0 || (handler != "noop" && handler != "db") {
 				return fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
 			}
@@ -257,7 +276,7 @@ applied twice.`,
 			hooks.Published = func(n int, took time.Duration) { run.relayed.Add(int64(n)); published(n, took) }
 			dead := hooks.Dead
 			hooks.Dead = func(n int) { run.relayed.Add(int64(n)); dead(n) }
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, Logger: a.log, IdleMax: 50 * time.Millisecond, Hooks: hooks})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, BatchSize: relayBatch, Logger: a.log, IdleMax: 50 * time.Millisecond, Hooks: hooks})
 			if err != nil {
 				return err
 			}
@@ -299,7 +318,11 @@ applied twice.`,
 								time.Sleep(d)
 							}
 						}
-						if err := benchSchedule(ctx, db, run, first, last, delay, spread, tasks, relay, handler == "db"); err != nil {
+						anchor := time.Now()
+						if anchored {
+							anchor = schedStart
+						}
+						if err := benchSchedule(ctx, db, run, anchor, first, last, delay, spread, tasks, relay, handler == "db"); err != nil {
 							perrOnce.Do(func() { perr = err })
 							return
 						}
@@ -402,24 +425,27 @@ applied twice.`,
 	f.IntVar(&producers, "producers", 8, "concurrent scheduling goroutines")
 	f.IntVar(&perTx, "per-tx", 1, "tasks scheduled per transaction")
 	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
+	f.IntVar(&relayBatch, "relay-batch", 1000, "rows one relay claim takes")
+	f.BoolVar(&anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
 	f.IntVar(&concurrent, "concurrency", 32, "consumer handler concurrency")
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
 	f.BoolVar(&relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&batch, "batch", 1, "with --handler db, handle up to this many due tasks in one transaction (outbox.HandleBatch)")
 	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	return cmd
 }
 
-// benchSchedule schedules tasks [first, last) in one transaction.
-func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, first, last int, delay, spread time.Duration, n int, relay *outbox.Relay, orders bool) error {
+// benchSchedule schedules tasks [first, last) in one transaction, task i
+// due at anchor + delay + its share i/n of spread.
+func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.Time, first, last int, delay, spread time.Duration, n int, relay *outbox.Relay, orders bool) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck
-	now := time.Now()
 	for i := first; i < last; i++ {
-		due := now.Add(delay)
+		due := anchor.Add(delay)
 		if spread > 0 {
 			due = due.Add(time.Duration(float64(spread) * float64(i) / float64(n)))
 		}
