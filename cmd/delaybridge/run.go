@@ -125,7 +125,7 @@ back (up to --drain) and exits 0.`,
 	bf.register(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&horizon, "horizon", 0, "publish only tasks due within this window (0 = all pending tasks)")
-	f.IntVar(&batch, "batch", 500, "rows one relay claim takes")
+	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
 	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
