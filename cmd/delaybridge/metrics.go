@@ -30,6 +30,7 @@ type metrics struct {
 	hops     *prometheus.CounterVec
 	retries  *prometheus.CounterVec
 	dead     *prometheus.CounterVec
+	stuck    *prometheus.CounterVec
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
@@ -46,7 +47,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.hops = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_hops_total", Help: "Early messages published again as another hop."}, []string{"topic"})
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_retries_total", Help: "Failed handler runs scheduled for a retry."}, []string{"topic"})
 	m.dead = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_dead_total", Help: "Messages the runtime gave up on."}, []string{"topic"})
-	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead,
+	m.stuck = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_stuck_handlers_total", Help: "Handlers abandoned because they ran past HandlerTimeout plus HandlerGrace."}, []string{"topic"})
+	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		m.reg.MustRegister(&outboxCollector{db: db, grace: grace, log: log})
@@ -78,6 +80,7 @@ func (m *metrics) consumerHooks() broker.Hooks {
 		Hopped:  func(topic string, _ int) { m.hops.WithLabelValues(topic).Inc() },
 		Retried: func(topic string, _ int) { m.retries.WithLabelValues(topic).Inc() },
 		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
+		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
 	}
 }
 
