@@ -30,8 +30,12 @@ FUZZTIME ?= 60s
 fuzz:
 	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./outbox/
+	go test -run '^$$' -fuzz '^FuzzFromTable$$' -fuzztime $(FUZZTIME) ./rabbit/
 	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
 	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
+	go test -run '^$$' -fuzz '^FuzzParseLevels$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
 
 # Unit tests only: no services needed.
 test-unit:
