@@ -207,9 +207,18 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		return nil, err
 	}
 	cfg = cfg.withDefaults(pub)
+	// Without a batch handler the work queue is a hand-over: a delivery
+	// waits for a free worker. With one, it buffers a batch, so a worker
+	// that finds messages waiting can take up to BatchSize of them at once;
+	// through an unbuffered channel it would only ever find the one or two
+	// senders blocked at that instant.
+	queue := 0
+	if cfg.Batch != nil {
+		queue = cfg.BatchSize
+	}
 	c := &Consumer{
 		sub: sub, pub: pub, h: h, cfg: cfg, log: cfg.Logger,
-		work:     make(chan job),
+		work:     make(chan job, queue),
 		stopping: make(chan struct{}),
 		held:     make(map[*time.Timer]job),
 	}
@@ -346,8 +355,27 @@ func (c *Consumer) enqueue(j job) {
 	}
 	select {
 	case c.work <- j:
+		// Buffered just as the consumer stopped: the workers may have
+		// drained the queue already, so give back what is left.
+		select {
+		case <-c.stopping:
+			c.drainWork()
+		default:
+		}
 	case <-c.stopping:
 		c.nack(j)
+	}
+}
+
+// drainWork gives back every delivery still queued for a worker.
+func (c *Consumer) drainWork() {
+	for {
+		select {
+		case j := <-c.work:
+			c.nack(j)
+		default:
+			return
+		}
 	}
 }
 
@@ -356,6 +384,7 @@ func (c *Consumer) worker() {
 	for {
 		select {
 		case <-c.stopping:
+			c.drainWork()
 			return
 		case j := <-c.work:
 			if c.cfg.Batch == nil || !c.ready(j) {

@@ -382,3 +382,40 @@ func TestConsumer_AlwaysPanickingHandlerGoesDeadAndOthersRun(t *testing.T) {
 		t.Fatalf("dead reason %v does not say the handler panicked and why", err)
 	}
 }
+
+func TestConsumer_BatchTakesEveryDueMessageWaiting(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	var sizes []int
+	handled := 0
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		once.Do(func() { close(started); <-release })
+		mu.Lock()
+		handled++
+		mu.Unlock()
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1, BatchSize: 50, Batch: func(ctx context.Context, msgs []*broker.Message) error {
+		mu.Lock()
+		sizes = append(sizes, len(msgs))
+		handled += len(msgs)
+		mu.Unlock()
+		return nil
+	}})
+	// The only worker is busy with the first message while 30 more arrive.
+	bd.publish(t, "first", time.Now())
+	<-started
+	for i := range 30 {
+		bd.publish(t, "k"+string(rune('a'+i)), time.Now())
+	}
+	time.Sleep(200 * time.Millisecond) // let the subscriber hand them all over
+	close(release)
+	eventually(t, "all 31 handled", func() bool { mu.Lock(); defer mu.Unlock(); return handled == 31 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) == 0 || sizes[0] != 30 {
+		t.Fatalf("batch sizes %v: want the 30 waiting messages in one batch", sizes)
+	}
+}
