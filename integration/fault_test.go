@@ -371,6 +371,9 @@ func TestFaults_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 	rate, settle := 30.0, 3*time.Second // per pipeline
 	if chaos {
 		rate, settle = 300, 5*time.Second
+		if r, err := strconv.ParseFloat(os.Getenv("DELAYBRIDGE_CHAOS_RATE"), 64); err == nil && r > 0 {
+			rate = r
+		}
 	}
 	testenv.MySQL(t)
 	testenv.AMQP(t)
