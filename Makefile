@@ -56,7 +56,7 @@ FORCE:
 # in RELIABILITY.chaos.md (git-ignored) and the process logs in .chaos/.
 # CHAOS_RATE is tasks scheduled per second per broker.
 CHAOS_TASKS ?= 200000
-CHAOS_RATE ?= 300
+CHAOS_RATE ?= 150
 chaos: services
 	$(WITH_SERVICES_ENV) CI=true DELAYBRIDGE_CHAOS_TASKS=$(CHAOS_TASKS) DELAYBRIDGE_CHAOS_RATE=$(CHAOS_RATE) DELAYBRIDGE_FAULT_REPORT=$(CURDIR)/RELIABILITY.chaos.md \
 		DELAYBRIDGE_FAULT_LOGS=$(CURDIR)/.chaos go test -count=1 -run '^TestFaults_' -v -timeout 90m ./integration/

@@ -370,7 +370,7 @@ func TestFaults_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 	chaos := chaosTasks > 0
 	rate, settle := 30.0, 3*time.Second // per pipeline
 	if chaos {
-		rate, settle = 300, 5*time.Second
+		rate, settle = 150, 5*time.Second
 		if r, err := strconv.ParseFloat(os.Getenv("DELAYBRIDGE_CHAOS_RATE"), 64); err == nil && r > 0 {
 			rate = r
 		}
