@@ -108,11 +108,16 @@ func rabbitConfig(t testing.TB) rabbit.Config {
 	return cfg
 }
 
-func rocketAdapter(t testing.TB) adapter {
-	brokerAddr := "127.0.0.1:10911"
+// rocketBrokerAddr is the local broker's address, where tests create topics.
+func rocketBrokerAddr() string {
 	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR"); a != "" {
-		brokerAddr = a
+		return a
 	}
+	return "127.0.0.1:10911"
+}
+
+func rocketAdapter(t testing.TB) adapter {
+	brokerAddr := rocketBrokerAddr()
 	return adapter{
 		name: "rocket",
 		open: func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber) {

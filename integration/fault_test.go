@@ -213,13 +213,6 @@ func newPipeline(t *testing.T, kind, bin, logDir string) *pipeline {
 	return p
 }
 
-func rocketBrokerAddr() string {
-	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:10911"
-}
-
 // order is the order service: an unpaid order and its timeout task in one
 // transaction, retried until it commits. A retry after a commit whose
 // answer was lost finds the order there and stops.

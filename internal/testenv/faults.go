@@ -76,18 +76,25 @@ func RabbitMemoryAlarm(t testing.TB, d time.Duration) {
 
 // RocketKillBroker kills the RocketMQ broker with SIGKILL (no shutdown hook
 // runs: what it had not flushed is the disk's problem now) and starts it
-// again through scripts/services.sh. It needs the broker this checkout's
-// scripts/services.sh started (its pid file).
+// again through scripts/services.sh.
 func RocketKillBroker(t testing.TB) {
+	t.Helper()
+	RocketStopBroker(t, syscall.SIGKILL)
+	ServicesUp(t)
+}
+
+// RocketStopBroker sends sig to the RocketMQ broker and waits until it is
+// gone and its port closed; ServicesUp starts it again. It needs the broker
+// this checkout's scripts/services.sh started (its pid file).
+func RocketStopBroker(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	pidfile := filepath.Join(moduleRoot(t), ".services", "rocketmq", "broker.pid")
 	pid := readPid(t, pidfile, "org.apache.rocketmq.broker.BrokerStartup")
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL RocketMQ broker pid %d: %v", pid, err)
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("%v to RocketMQ broker pid %d: %v", sig, pid, err)
 	}
 	waitGone(t, pid, time.Minute)
 	waitPortClosed(t, envOr("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR", "127.0.0.1:10911"), time.Minute)
-	ServicesUp(t)
 }
 
 // MariaDBRestart shuts MariaDB down cleanly and starts it again through
