@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -34,7 +35,7 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
 		Heartbeat:  cfg.Heartbeat,
 		Properties: props,
-		Dial:       amqp.DefaultDial(cfg.DialTimeout),
+		Dial:       writeBehindDial(cfg.DialTimeout),
 		// amqp091-go writes the server name into the config it is given.
 		TLSClientConfig: cfg.TLS.Clone(),
 	})
@@ -42,6 +43,19 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 		return nil, fmt.Errorf("rabbit: dial: %w", err)
 	}
 	return conn, nil
+}
+
+// writeBehindDial dials like amqp.DefaultDial and wraps the socket in a
+// writeBehindConn (see wire.go).
+func writeBehindDial(timeout time.Duration) func(network, addr string) (net.Conn, error) {
+	dial := amqp.DefaultDial(timeout)
+	return func(network, addr string) (net.Conn, error) {
+		c, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newWriteBehindConn(c), nil
+	}
 }
 
 // newBackoff returns the reconnect schedule: 100ms doubling up to max,
