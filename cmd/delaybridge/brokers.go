@@ -19,12 +19,13 @@ import (
 type brokerFlags struct {
 	kind string
 
-	amqpURL     string
-	amqpTLS     tlsFlags
-	rabbitMode  string
-	rabbitPref  string
-	rabbitUnit  time.Duration
-	rabbitDepth int
+	amqpURL        string
+	amqpTLS        tlsFlags
+	rabbitMode     string
+	rabbitPref     string
+	rabbitUnit     time.Duration
+	rabbitDepth    int
+	rabbitPrefetch int
 
 	namesrv     string
 	rocketMode  string
@@ -46,6 +47,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
 	fs.IntVar(&b.rabbitDepth, "rabbit-depth", rabbit.DefaultDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
+	fs.IntVar(&b.rabbitPrefetch, "rabbit-prefetch", rabbit.DefaultPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + 200ms)")
 	fs.StringVar(&b.namesrv, "rocketmq-namesrv", "127.0.0.1:9876", "RocketMQ name servers, comma separated host:port")
 	fs.StringVar(&b.rocketMode, "rocketmq-mode", "timer", "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
 	fs.DurationVar(&b.rocketMax, "rocketmq-max-delay", 72*time.Hour, "longest timer hop: set it to the broker's timerMaxDelaySec (timer mode), or the highest level to use (levels mode, 0 = all)")
@@ -97,7 +99,10 @@ func parseLevels(s string) ([]time.Duration, error) {
 }
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Logger: a.log}
+	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, Logger: a.log}
+	if b.rabbitPrefetch <= 0 {
+		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", b.rabbitPrefetch)
+	}
 	tc, err := b.amqpTLS.config()
 	if err != nil {
 		return cfg, err
@@ -146,6 +151,20 @@ func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// check reports bad broker flags without connecting, so a command can
+// refuse them before it touches the database.
+func (b *brokerFlags) check(a *app) error {
+	switch b.kind {
+	case "rabbit":
+		_, err := b.rabbitConfig(a)
+		return err
+	case "rocket":
+		_, err := b.rocketConfig(a)
+		return err
+	}
+	return fmt.Errorf("--broker %q: want rabbit or rocket", b.kind)
 }
 
 // open connects the chosen adapter. withSub also builds a subscriber.

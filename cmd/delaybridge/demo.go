@@ -51,6 +51,9 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if orders <= 0 || timeout <= 0 || payRatio < 0 || payRatio > 1 {
 				return fmt.Errorf("need --orders > 0, --timeout > 0 and 0 <= --pay-ratio <= 1")
 			}
+			if err := bf.check(a); err != nil {
+				return err
+			}
 			db, err := a.openDB(ctx)
 			if err != nil {
 				return err

@@ -53,6 +53,9 @@ back (up to --drain) and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if err := bf.check(a); err != nil {
+				return err
+			}
 			db, err := a.openDB(ctx)
 			if err != nil {
 				return err

@@ -204,3 +204,49 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 		t.Fatalf("doctor on an empty database: %v\n%s", err, fmt.Sprint(out))
 	}
 }
+
+func TestBench_RelayHorizonHoldsTasksUntilTheirWindow(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	// Due 4-5 s out with a 1 s horizon: the relay cannot finish before the
+	// first task is 1 s from due, so it takes at least 2.5 s for 200 tasks.
+	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "200", "--delay", "4s", "--spread", "1s", "--per-tx", "10",
+		"--handler", "db", "--batch", "20", "--relay-horizon", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+	m := lastJSON(t, out)
+	if m["handled"] != 200.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
+		t.Fatalf("bench summary %v", m)
+	}
+	if v, _ := m["relay_tps"].(float64); v <= 0 || v > 200/2.5 {
+		t.Fatalf("relay_tps = %v: the relay did not wait for the horizon", m["relay_tps"])
+	}
+}
+
+func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	db := testenv.MySQL(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--relay-horizon", "-1s"}, "--relay-horizon must not be negative"},
+		{[]string{"--relay-horizon", "1s", "--relay-only"}, "--relay-only cannot wait for a horizon"},
+		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
+		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
+	} {
+		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("bench %v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+	// The scratch database was never migrated by bench: no table was made.
+	var n int
+	name := dsn[strings.LastIndex(dsn, "/")+1:]
+	if i := strings.IndexByte(name, '?'); i >= 0 {
+		name = name[:i]
+	}
+	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("bench made %d tables in %s while refusing its flags", n, name)
+	}
+}
