@@ -21,8 +21,11 @@ func isDeathHeader(k string) bool {
 
 // toTable turns string headers into an AMQP table, dropping dead-letter
 // bookkeeping.
-func toTable(h map[string]string) amqp.Table {
-	t := make(amqp.Table, len(h))
+func toTable(h map[string]string) amqp.Table { return toTableSized(h, 0) }
+
+// toTableSized is toTable with room for extra more entries.
+func toTableSized(h map[string]string, extra int) amqp.Table {
+	t := make(amqp.Table, len(h)+extra)
 	for k, v := range h {
 		if isDeathHeader(k) {
 			continue

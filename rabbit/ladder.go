@@ -62,8 +62,17 @@ func (t topology) nextExchange(k int) string {
 	return t.levelExchange(k - 1)
 }
 
+// bitHeaders are the names bitHeader returns, made once: every ladder
+// publish sets several.
+var bitHeaders = func() (names [64]string) {
+	for k := range names {
+		names[k] = "dlbl-" + strconv.Itoa(k)
+	}
+	return names
+}()
+
 // bitHeader names the header that marks a message's set bit for level k.
-func bitHeader(k int) string { return "dlbl-" + strconv.Itoa(k) }
+func bitHeader(k int) string { return bitHeaders[k] }
 
 // bitArgs are the arguments of the headers binding of level k's queue.
 func bitArgs(k int) amqp.Table {

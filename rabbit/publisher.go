@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -177,7 +178,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 
 // prepare builds the AMQP publishing of m delayed by d.
 func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
-	h := toTable(broker.Encode(m))
+	var n uint64
+	var key string
+	if p.cfg.Mode != ModeDelayedExchange {
+		key, n = p.topo.ladderRoute(d, m.Topic)
+	}
+	// Sized for the envelope, the ladder's bit marks and CC at once, so
+	// the table never grows while it is filled.
+	h := toTableSized(broker.Encode(m), bits.OnesCount64(n)+1)
 	o := outMsg{topic: m.Topic, pub: amqp.Publishing{
 		Headers:      h,
 		ContentType:  "application/octet-stream",
@@ -194,8 +202,7 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 		}
 		return o
 	}
-	var n uint64
-	o.key, n = p.topo.ladderRoute(d, m.Topic)
+	o.key = key
 	if n > 0 {
 		setBits(h, n)
 		h["CC"] = []any{m.Topic}
