@@ -18,8 +18,8 @@ import (
 type instantPublisher struct{}
 
 func (instantPublisher) Publish(context.Context, ...*broker.Message) error { return nil }
-func (instantPublisher) Limits() broker.Limits                               { return broker.Limits{} }
-func (instantPublisher) Close() error                                        { return nil }
+func (instantPublisher) Limits() broker.Limits                             { return broker.Limits{} }
+func (instantPublisher) Close() error                                      { return nil }
 
 // fillPending inserts n pending rows due in an hour, 1,000 per statement.
 func fillPending(b *testing.B, db *sql.DB, n int) {
