@@ -145,7 +145,7 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	f := tlsFiles(t)
 	testenv.AMQP(t)
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{amqpURL: f.amqpsURL, rabbitMode: "ladder", rabbitPref: testenv.Name("tls"), rabbitUnit: rabbit.DefaultUnit, rabbitDepth: 4,
+	bf := brokerFlags{amqpURL: f.amqpsURL, rabbitMode: "ladder", rabbitPref: testenv.Name("tls"), rabbitUnit: rabbit.DefaultUnit, rabbitDepth: 4, rabbitPrefetch: rabbit.DefaultPrefetch,
 		amqpTLS: tlsFlags{name: "amqp", ca: f.ca, cert: f.cert, key: f.key}}
 	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, testenv.AMQP(t), bf.rabbitPref) })
 	cfg, err := bf.rabbitConfig(&a)
