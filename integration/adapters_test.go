@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -108,16 +107,8 @@ func rabbitConfig(t testing.TB) rabbit.Config {
 	return cfg
 }
 
-// rocketBrokerAddr is the local broker's address, where tests create topics.
-func rocketBrokerAddr() string {
-	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:10911"
-}
-
 func rocketAdapter(t testing.TB) adapter {
-	brokerAddr := rocketBrokerAddr()
+	brokerAddr := testenv.RocketBrokerAddr()
 	return adapter{
 		name: "rocket",
 		open: func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber) {

@@ -189,8 +189,8 @@ func newPipeline(t *testing.T, kind, bin, logDir string) *pipeline {
 		p.cfg.Namesrv = testenv.RocketMQ(t)
 		p.cfg.Group = testenv.Name("fault")
 		ns := strings.Split(p.cfg.Namesrv, ",")
-		createRocketTopic(t, ns, rocketBrokerAddr(), p.cfg.Topic)
-		createRocketTopic(t, ns, rocketBrokerAddr(), broker.DefaultDeadTopic)
+		createRocketTopic(t, ns, testenv.RocketBrokerAddr(), p.cfg.Topic)
+		createRocketTopic(t, ns, testenv.RocketBrokerAddr(), broker.DefaultDeadTopic)
 		args = append(args, "--broker", "rocket", "--rocketmq-namesrv", p.cfg.Namesrv, "--rocketmq-group-prefix", p.cfg.Group,
 			"--rocketmq-max-delay", faultRocketHop.String(), "--rocketmq-precision", faultRocketPrec.String())
 	}

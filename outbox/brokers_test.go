@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"maps"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -43,12 +42,7 @@ func rabbitBroker(t *testing.T, topic string) (broker.Publisher, broker.Subscrib
 
 func rocketBroker(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
 	ns := strings.Split(testenv.RocketMQ(t), ",")
-	addr := "127.0.0.1:10911"
-	for _, v := range []string{"DELAYBRIDGE_ROCKETMQ_BROKER_ADDR", "DELAYBRIDGE_ROCKETMQ_BROKER"} {
-		if a := strings.TrimSpace(os.Getenv(v)); a != "" {
-			addr = a
-		}
-	}
+	addr := testenv.RocketBrokerAddr()
 	cfg := rocket.Config{NameServers: ns, Limits: rocket.TimerLimits(time.Hour, 100*time.Millisecond), GroupPrefix: "ob", Logger: quiet()}
 	pub, err := rocket.NewPublisher(cfg)
 	if err != nil {

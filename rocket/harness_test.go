@@ -2,7 +2,6 @@ package rocket_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -23,14 +22,6 @@ const (
 	localPrecision     = 100 * time.Millisecond
 	topicQueues        = 4
 )
-
-// brokerAddr is the broker topics are created on.
-func brokerAddr() string {
-	if a := os.Getenv("DELAYBRIDGE_ROCKETMQ_BROKER"); a != "" {
-		return a
-	}
-	return "127.0.0.1:10911"
-}
 
 // env is what a test needs to talk to the local RocketMQ.
 type env struct {
@@ -56,7 +47,7 @@ func (e *env) topic(t testing.TB, topic string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := rocket.CreateTopic(ctx, e.nameServers, brokerAddr(), topic, topicQueues); err != nil {
+	if err := rocket.CreateTopic(ctx, e.nameServers, testenv.RocketBrokerAddr(), topic, topicQueues); err != nil {
 		t.Fatalf("CreateTopic: %v", err)
 	}
 }
@@ -77,7 +68,7 @@ func (e *env) clients(t testing.TB, topic string, limits broker.Limits) (*rocket
 	// returns in about a second even in the group's first minute.
 	if _, loaded := e.created.LoadOrStore(topic, struct{}{}); !loaded {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := sub.CreateTopic(ctx, brokerAddr(), topic, topicQueues)
+		err := sub.CreateTopic(ctx, testenv.RocketBrokerAddr(), topic, topicQueues)
 		cancel()
 		if err != nil {
 			_ = pub.Close()

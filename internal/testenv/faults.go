@@ -94,7 +94,7 @@ func RocketStopBroker(t testing.TB, sig syscall.Signal) {
 		t.Fatalf("%v to RocketMQ broker pid %d: %v", sig, pid, err)
 	}
 	waitGone(t, pid, time.Minute)
-	waitPortClosed(t, envOr("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR", "127.0.0.1:10911"), time.Minute)
+	waitPortClosed(t, RocketBrokerAddr(), time.Minute)
 }
 
 // MariaDBRestart shuts MariaDB down cleanly and starts it again through

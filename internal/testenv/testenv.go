@@ -28,6 +28,8 @@ const (
 	DefaultMySQLDSN = "delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true&multiStatements=true"
 	DefaultAMQPURL  = "amqp://delaybridge:delaybridge@127.0.0.1:5672/"
 	DefaultNamesrv  = "127.0.0.1:9876"
+	// DefaultRocketBroker is the local RocketMQ broker's address.
+	DefaultRocketBroker = "127.0.0.1:10911"
 )
 
 const reachTimeout = 5 * time.Second
@@ -41,6 +43,12 @@ func envOr(key, def string) string {
 
 // MySQLDSN returns DELAYBRIDGE_MYSQL_DSN or the default.
 func MySQLDSN() string { return envOr("DELAYBRIDGE_MYSQL_DSN", DefaultMySQLDSN) }
+
+// RocketBrokerAddr returns DELAYBRIDGE_ROCKETMQ_BROKER_ADDR or the default:
+// the broker tests create topics on and the fault tests stop.
+func RocketBrokerAddr() string {
+	return envOr("DELAYBRIDGE_ROCKETMQ_BROKER_ADDR", DefaultRocketBroker)
+}
 
 // AMQPURL returns DELAYBRIDGE_AMQP_URL or the default.
 func AMQPURL() string { return envOr("DELAYBRIDGE_AMQP_URL", DefaultAMQPURL) }
