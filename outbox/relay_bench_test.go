@@ -2,9 +2,7 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,28 +18,6 @@ type instantPublisher struct{}
 func (instantPublisher) Publish(context.Context, ...*broker.Message) error { return nil }
 func (instantPublisher) Limits() broker.Limits                             { return broker.Limits{} }
 func (instantPublisher) Close() error                                      { return nil }
-
-// fillPending inserts n pending rows due in an hour, 1,000 per statement.
-func fillPending(b *testing.B, db *sql.DB, n int) {
-	b.Helper()
-	due := time.Now().Add(time.Hour).UnixMilli()
-	for first := 0; first < n; first += 1000 {
-		rows := min(1000, n-first)
-		var q strings.Builder
-		q.WriteString("INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms) VALUES ")
-		args := make([]any, 0, rows*3)
-		for i := range rows {
-			if i > 0 {
-				q.WriteString(",")
-			}
-			q.WriteString("('relay-bench', ?, ?, ?, 'pending', 0, 0)")
-			args = append(args, fmt.Sprintf("k-%d", first+i), due+int64(first+i), []byte(`{"order":"o-1234567890"}`))
-		}
-		if _, err := db.Exec(q.String(), args...); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
 
 // BenchmarkRelayDatabase drains 200,000 pending rows through a publisher
 // that confirms at once, and reports the rows relayed per second: the
@@ -61,7 +37,8 @@ func BenchmarkRelayDatabase(b *testing.B) {
 				if _, err := db.Exec("DELETE FROM delay_task"); err != nil {
 					b.Fatal(err)
 				}
-				fillPending(b, db, rows)
+				testenv.FillTasks(b, db, testenv.TaskRows{Topic: "relay-bench", State: "pending", N: rows, KeyPrefix: "k-",
+					DueMS: time.Now().Add(time.Hour).UnixMilli(), Payload: []byte(`{"order":"o-1234567890"}`)})
 				b.StartTimer()
 				r, err := outbox.NewRelay(db, instantPublisher{}, outbox.RelayConfig{Workers: workers, Logger: quiet()})
 				if err != nil {

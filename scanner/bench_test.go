@@ -13,21 +13,6 @@ import (
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
-// fill inserts n rows in state with due times an hour ago, in bulk through
-// MariaDB's sequence engine.
-func fill(b *testing.B, db *sql.DB, state string, n int, keyPrefix string) {
-	b.Helper()
-	due := time.Now().Add(-time.Hour).UnixMilli()
-	for done := 0; done < n; done += 100_000 {
-		k := min(100_000, n-done)
-		_, err := db.Exec(fmt.Sprintf(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
-SELECT 'bench', CONCAT(?, seq), ? + seq, '', ?, ?, ? FROM seq_%d_to_%d`, done+1, done+k), keyPrefix, due, state, due, due)
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func handlerReads(b *testing.B, conn *sql.Conn) int64 {
 	b.Helper()
 	rows, err := conn.QueryContext(context.Background(), "SHOW SESSION STATUS LIKE 'Handler_read%'")
@@ -61,8 +46,9 @@ func BenchmarkRescuePass(b *testing.B) {
 			if _, err := outbox.Migrate(ctx, db); err != nil {
 				b.Fatal(err)
 			}
-			fill(b, db, "done", done, "d")
-			fill(b, db, "published", 10_000, "p")
+			due := time.Now().Add(-time.Hour).UnixMilli()
+			testenv.FillTasks(b, db, testenv.TaskRows{Topic: "bench", State: "done", N: done, KeyPrefix: "d", DueMS: due})
+			testenv.FillTasks(b, db, testenv.TaskRows{Topic: "bench", State: "published", N: 10_000, KeyPrefix: "p", DueMS: due})
 			if _, err := db.Exec("ANALYZE TABLE delay_task"); err != nil {
 				b.Fatal(err)
 			}
