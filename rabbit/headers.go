@@ -19,12 +19,9 @@ func isDeathHeader(k string) bool {
 	return k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
 }
 
-// toTable turns string headers into an AMQP table, dropping dead-letter
-// bookkeeping.
-func toTable(h map[string]string) amqp.Table { return toTableSized(h, 0) }
-
-// toTableSized is toTable with room for extra more entries.
-func toTableSized(h map[string]string, extra int) amqp.Table {
+// toTable turns string headers into an AMQP table with room for extra more
+// entries, dropping dead-letter bookkeeping.
+func toTable(h map[string]string, extra int) amqp.Table {
 	t := make(amqp.Table, len(h)+extra)
 	for k, v := range h {
 		if isDeathHeader(k) {

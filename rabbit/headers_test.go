@@ -51,7 +51,7 @@ func FuzzFromTable(f *testing.F) {
 	f.Add("x-n", uint8(9), "", int64(3), 1.5, []byte{0})
 	f.Fuzz(func(t *testing.T, name string, kind uint8, s string, n int64, fl float64, bs []byte) {
 		msg := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC()}
-		tab := toTable(broker.Encode(msg))
+		tab := toTable(broker.Encode(msg), 0)
 		v := fieldValue(kind, s, n, fl, bs)
 		tab[name] = v
 		h, err := fromTable(tab)

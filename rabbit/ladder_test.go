@@ -91,7 +91,7 @@ func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
 func TestToTable_StripsDeathHeaders(t *testing.T) {
 	tab := toTable(map[string]string{
 		"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired", broker.HeaderKey: "k",
-	})
+	}, 0)
 	if len(tab) != 1 || tab[broker.HeaderKey] != "k" {
 		t.Errorf("toTable kept %v", tab)
 	}

@@ -183,9 +183,9 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 	if p.cfg.Mode != ModeDelayedExchange {
 		key, n = p.topo.ladderRoute(d, m.Topic)
 	}
-	// Sized for the envelope, the ladder's bit marks and CC at once, so
-	// the table never grows while it is filled.
-	h := toTableSized(broker.Encode(m), bits.OnesCount64(n)+1)
+	// Room for the ladder's marks (the set bits below the entry level) and
+	// CC, so the table never grows while it is filled.
+	h := toTable(broker.Encode(m), bits.OnesCount64(n))
 	o := outMsg{topic: m.Topic, pub: amqp.Publishing{
 		Headers:      h,
 		ContentType:  "application/octet-stream",
