@@ -99,7 +99,7 @@ WHERE state IN ('pending', 'published', 'dead') GROUP BY state, topic`)
 		st.OldestPendingDue = msTime(oldest.Int64)
 	}
 	lrows, err := q.QueryContext(ctx, `SELECT done_ms - due_ms FROM delay_task
-WHERE state = 'done' AND due_ms >= ? AND done_ms IS NOT NULL LIMIT 100000`, now.Add(-window).UnixMilli())
+WHERE state = 'done' AND due_ms >= ? AND done_ms <> 0 LIMIT 100000`, now.Add(-window).UnixMilli())
 	if err != nil {
 		return nil, fmt.Errorf("outbox: stats: %w", err)
 	}
@@ -144,7 +144,7 @@ func ListDead(ctx context.Context, q Querier, limit int) ([]*Info, error) {
 func Replay(ctx context.Context, q Querier, topic, key string) error {
 	now := time.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'pending', generation = generation + 1, publish_attempts = 0,
-  next_attempt_ms = 0, last_error = NULL, published_ms = NULL, updated_ms = ?
+  next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?
 WHERE topic = ? AND task_key = ? AND state = 'dead'`, now, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: replay %s/%s: %w", topic, key, err)

@@ -145,7 +145,7 @@ func (o *Outbox) Reschedule(ctx context.Context, q Querier, topic, key string, d
 	now := o.cfg.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task
 SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
-    next_attempt_ms = 0, last_error = NULL, published_ms = NULL, updated_ms = ?
+    next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?
 WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)
@@ -212,10 +212,11 @@ func scanInfo(s scanner) (*Info, error) {
 	i.State = State(state)
 	i.LastError = lastErr.String
 	i.CreatedAt, i.UpdatedAt = msTime(createdMS), msTime(updMS)
-	if publishedMS.Valid {
+	// 0 (NULL before migration 2) means not yet.
+	if publishedMS.Valid && publishedMS.Int64 != 0 {
 		i.PublishedAt = msTime(publishedMS.Int64)
 	}
-	if doneMS.Valid {
+	if doneMS.Valid && doneMS.Int64 != 0 {
 		i.DoneAt = msTime(doneMS.Int64)
 	}
 	return &i, nil

@@ -1,0 +1,101 @@
+package outbox_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// TestMigrate_FixedWidthUpgradesOldRows takes a table back to the shape
+// migration 1 made, fills it as the code of that time did (NULL until
+// published or done), and checks that migration 2 keeps every row's meaning,
+// also when it runs a second time after a crash before it was recorded.
+func TestMigrate_FixedWidthUpgradesOldRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	toV1 := func() {
+		t.Helper()
+		for _, q := range []string{
+			`ALTER TABLE delay_task MODIFY state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  MODIFY published_ms BIGINT NULL, MODIFY done_ms BIGINT NULL`,
+			"DELETE FROM delaybridge_migration WHERE version = 2",
+		} {
+			if _, err := b.db.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	toV1()
+	due := time.Now().Add(time.Hour).UnixMilli()
+	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms, published_ms, done_ms) VALUES
+  ('t', 'pending', ?, '', 'pending', 1, 1, NULL, NULL),
+  ('t', 'published', ?, '', 'published', 1, 1, ?, NULL),
+  ('t', 'done', ?, '', 'done', 1, 1, ?, ?)`, due, due, due-5000, due, due-5000, due+40); err != nil {
+		t.Fatal(err)
+	}
+
+	check := func(round string) {
+		t.Helper()
+		for _, c := range []struct {
+			key             string
+			state           outbox.State
+			published, done int64
+		}{
+			{"pending", outbox.StatePending, 0, 0},
+			{"published", outbox.StatePublished, due - 5000, 0},
+			{"done", outbox.StateDone, due - 5000, due + 40},
+		} {
+			info, err := outbox.Get(b.ctx, b.db, "t", c.key)
+			if err != nil {
+				t.Fatalf("%s: Get %s: %v", round, c.key, err)
+			}
+			if info.State != c.state {
+				t.Errorf("%s: %s: state %q, want %q", round, c.key, info.State, c.state)
+			}
+			if got := msOrZero(info.PublishedAt); got != c.published {
+				t.Errorf("%s: %s: published at %d, want %d", round, c.key, got, c.published)
+			}
+			if got := msOrZero(info.DoneAt); got != c.done {
+				t.Errorf("%s: %s: done at %d, want %d", round, c.key, got, c.done)
+			}
+		}
+		var nulls int
+		if err := b.db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE published_ms IS NULL OR done_ms IS NULL").Scan(&nulls); err != nil || nulls != 0 {
+			t.Errorf("%s: %d rows still NULL (%v)", round, nulls, err)
+		}
+		var typ, nullable string
+		if err := b.db.QueryRow(`SELECT COLUMN_TYPE, IS_NULLABLE FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'delay_task' AND COLUMN_NAME = 'state'`).Scan(&typ, &nullable); err != nil || typ != "char(16)" || nullable != "NO" {
+			t.Errorf("%s: state column %s, nullable %s (%v); want char(16) NOT NULL", round, typ, nullable, err)
+		}
+	}
+
+	applied, err := outbox.Migrate(b.ctx, b.db)
+	if err != nil || !slices.Equal(applied, []int{2}) {
+		t.Fatalf("Migrate from version 1 applied %v, err %v; want [2]", applied, err)
+	}
+	check("first run")
+
+	// A crash after the last statement but before the version was recorded:
+	// the whole migration runs again on the new shape.
+	if _, err := b.db.Exec("DELETE FROM delaybridge_migration WHERE version = 2"); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := outbox.Migrate(b.ctx, b.db); err != nil || !slices.Equal(applied, []int{2}) {
+		t.Fatalf("Migrate again applied %v, err %v; want [2]", applied, err)
+	}
+	check("second run")
+}
+
+// msOrZero is t in epoch milliseconds, and 0 only for the zero time.
+func msOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	if t.UnixMilli() == 0 {
+		return -1 // the epoch itself: a "not yet" read as a time
+	}
+	return t.UnixMilli()
+}
