@@ -69,6 +69,17 @@
 // must shrink as Unit grows (Config rejects a top level past RabbitMQ's TTL
 // limit).
 //
+// # Envelope
+//
+// A message carries delaybridge's envelope (topic, key, due time, hop,
+// attempt, generation, task id, trace and the task's own headers) packed in
+// one AMQP header, delaybridge-env, as a URL query that reads plainly in the
+// management UI. RabbitMQ decodes every header at each publish and each
+// ladder hop, so one header instead of a dozen takes it less work per
+// message. Consumers also read the older form, one header per field, which
+// messages published before may still carry; consumers older than the
+// packed form see no envelope in it, so upgrade consumers first.
+//
 // # Delayed-exchange mode
 //
 // ModeDelayedExchange declares an x-delayed-message exchange and publishes

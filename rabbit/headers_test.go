@@ -49,9 +49,12 @@ func FuzzFromTable(f *testing.F) {
 	f.Add("x-death", uint8(7), "q", int64(1), 0.0, []byte(nil))
 	f.Add(broker.HeaderFreePrefix+"t", uint8(0), "\x01", int64(0), 0.0, []byte(nil))
 	f.Add("x-n", uint8(9), "", int64(3), 1.5, []byte{0})
+	f.Add(envHeader, uint8(0), "v=1&topic=t&key=k&deliver-at=1&hop=0&attempt=0&gen=0", int64(0), 0.0, []byte(nil))
+	f.Add(envHeader, uint8(0), "v=1&v=1;%zz", int64(0), 0.0, []byte(nil))
+	f.Add(envHeader, uint8(5), "", int64(0), 0.0, []byte("v=1&topic=t&key=k%00&deliver-at=1"))
 	f.Fuzz(func(t *testing.T, name string, kind uint8, s string, n int64, fl float64, bs []byte) {
 		msg := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC()}
-		tab := toTable(broker.Encode(msg), 0)
+		tab := envelopeTable(msg, 0)
 		v := fieldValue(kind, s, n, fl, bs)
 		tab[name] = v
 		h, err := fromTable(tab)
@@ -78,4 +81,64 @@ func FuzzFromTable(f *testing.F) {
 			t.Fatalf("decoded an invalid message: %v", err)
 		}
 	})
+}
+
+func TestEnvelope_PackedRoundTrip(t *testing.T) {
+	m := &broker.Message{Topic: "order-cancel", Key: "o 42&x=%+ü", DeliverAt: time.UnixMilli(1_764_500_000_123).UTC(),
+		Hop: 2, Attempt: 3, Generation: 4, TaskID: 17, Trace: "00-abc-def-01", Payload: []byte("p"),
+		Headers: map[string]string{"a=b": "c&d", "tenant": "🙂", "empty": ""}}
+	tab := envelopeTable(m, 0)
+	s, ok := tab[envHeader].(string)
+	if !ok || !strings.Contains(s, "topic=order-cancel") || !strings.Contains(s, "task=17") {
+		t.Fatalf("%s = %#v, want a readable query", envHeader, tab[envHeader])
+	}
+	for _, v := range []any{s, []byte(s)} {
+		h, err := fromTable(amqp.Table{envHeader: v, "dlbl-3": "1", "CC": []any{"order-cancel"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := broker.Decode(h, m.Payload)
+		if err != nil {
+			t.Fatalf("Decode: %v", err)
+		}
+		if got.Topic != m.Topic || got.Key != m.Key || !got.DeliverAt.Equal(m.DeliverAt) || got.Hop != 2 || got.Attempt != 3 ||
+			got.Generation != 4 || got.TaskID != 17 || got.Trace != m.Trace || len(got.Headers) != 3 || got.Headers["a=b"] != "c&d" ||
+			got.Headers["tenant"] != "🙂" || got.Headers["empty"] != "" {
+			t.Errorf("round trip gave %+v, want %+v", got, m)
+		}
+	}
+}
+
+// Messages published before the envelope was packed, one AMQP header per
+// field, still decode: they can sit in the ladder for weeks.
+func TestEnvelope_OneHeaderPerFieldStillDecodes(t *testing.T) {
+	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(), TaskID: 9}
+	tab := amqp.Table{}
+	for k, v := range broker.Encode(m) {
+		tab[k] = v
+	}
+	h, err := fromTable(tab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := broker.Decode(h, nil); err != nil || got.TaskID != 9 || got.Key != "k" {
+		t.Fatalf("Decode = %+v, %v", got, err)
+	}
+}
+
+func TestEnvelope_MalformedPackedIsEnvelopeError(t *testing.T) {
+	good := envelopeTable(&broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1).UTC()}, 0)[envHeader].(string)
+	for name, tab := range map[string]amqp.Table{
+		"not a string":        {envHeader: int64(3)},
+		"bad escape":          {envHeader: "v=1&key=%zz"},
+		"semicolon":           {envHeader: "v=1;key=k"},
+		"field twice":         {envHeader: good + "&key=other"},
+		"also its own header": {envHeader: good, broker.HeaderKey: "other"},
+	} {
+		_, err := fromTable(tab)
+		var ee *broker.EnvelopeError
+		if !errors.As(err, &ee) || ee.Header != envHeader || !errors.Is(err, broker.ErrMalformedEnvelope) {
+			t.Errorf("%s: err = %v, want an EnvelopeError on %s", name, err, envHeader)
+		}
+	}
 }

@@ -88,12 +88,20 @@ func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
 	}
 }
 
-func TestToTable_StripsDeathHeaders(t *testing.T) {
-	tab := toTable(map[string]string{
-		"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired", broker.HeaderKey: "k",
-	}, 0)
-	if len(tab) != 1 || tab[broker.HeaderKey] != "k" {
-		t.Errorf("toTable kept %v", tab)
+func TestEnvelopeTable_PublishesNoDeathHeaders(t *testing.T) {
+	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(),
+		Headers: map[string]string{"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired"}}
+	tab := envelopeTable(m, 0)
+	if len(tab) != 1 || tab[envHeader] == nil {
+		t.Fatalf("envelopeTable = %v, want only %s", tab, envHeader)
+	}
+	h, err := fromTable(tab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := broker.Decode(h, nil)
+	if err != nil || got.Headers["x-death"] != "x" || len(got.Headers) != 3 {
+		t.Fatalf("Decode = %+v, %v; want the three free headers back", got, err)
 	}
 }
 
