@@ -20,6 +20,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // benchTopic is the topic every bench run uses; keys carry the run id, so a
@@ -113,7 +114,9 @@ burst), runs the relay and a consumer in this process, and waits until every
 task was handled or --wait passed the last due time. --handler noop only records the run; --handler db runs outbox.Handle
 with a conditional UPDATE of a bench_orders row, the order-timeout shape.
 --baseline first measures a confirmed publish of the same number of messages
-straight through the adapter, without the database, in the same run.
+straight through the adapter, without the database, in the same run; on
+RabbitMQ it then purges those messages from the topic's queue, so the relay
+starts from a broker as empty as the baseline did.
 --preload schedules everything before the relay starts, to measure the relay
 alone against a full table. --relay-only leaves its messages in the broker,
 where they keep moving until due (RabbitMQ's ladder re-queues them level by
@@ -274,6 +277,18 @@ applied twice.`,
 				}
 				res.BaselineTPS = tps
 				fmt.Fprintf(a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", tasks, tps)
+				// The relay then starts from a broker as empty as the
+				// baseline did: RabbitMQ's work per publish grows with what
+				// its quorum queues hold.
+				if bf.kind == "rabbit" {
+					cfg, err := bf.rabbitConfig(a)
+					if err != nil {
+						return err
+					}
+					if _, err := rabbit.PurgeTopic(ctx, cfg, benchTopic); err != nil {
+						return fmt.Errorf("baseline: purge its messages: %w", err)
+					}
+				}
 			}
 
 			// Count the relay's progress in memory: polling the table for it
