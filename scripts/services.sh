@@ -2,7 +2,7 @@
 # Local services for delaybridge's tests: MariaDB, RabbitMQ and RocketMQ 5.
 #
 #   scripts/services.sh up      install what is missing, start what is stopped, set up users
-#   scripts/services.sh down    stop all three
+#   scripts/services.sh down    stop all three (or only those named: down rocketmq)
 #   scripts/services.sh status  print each service up/down
 #   scripts/services.sh env     print the shell-sourceable settings the tests and CLI read
 #
@@ -431,9 +431,19 @@ cmd_up() {
 }
 
 cmd_down() {
-	rocketmq_down
-	rabbit_down
-	mariadb_down
+	# No argument: every service. Otherwise only those named, e.g.
+	# "down rocketmq" before a RabbitMQ benchmark that should have the cores
+	# to itself; "up" starts it again.
+	local s
+	(($#)) || set -- rocketmq rabbitmq mariadb
+	for s in "$@"; do
+		case "$s" in
+		rocketmq) rocketmq_down ;;
+		rabbitmq) rabbit_down ;;
+		mariadb) mariadb_down ;;
+		*) die "down: unknown service $s (want rocketmq, rabbitmq or mariadb)" ;;
+		esac
+	done
 	cmd_status
 }
 
@@ -468,11 +478,14 @@ cmd_env() {
 
 case "${1:-}" in
 up) cmd_up ;;
-down) cmd_down ;;
+down)
+	shift
+	cmd_down "$@"
+	;;
 status) cmd_status ;;
 env) cmd_env ;;
 *)
-	echo "usage: $0 up|down|status|env" >&2
+	echo "usage: $0 up|down [rocketmq|rabbitmq|mariadb ...]|status|env" >&2
 	exit 2
 	;;
 esac
