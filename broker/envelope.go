@@ -8,8 +8,9 @@ import (
 	"unicode/utf8"
 )
 
-// Envelope header names. Both adapters carry them as plain string headers:
-// AMQP header table entries or RocketMQ user properties.
+// Envelope header names. RocketMQ carries them as user properties; RabbitMQ
+// packs them into one AMQP header (see package rabbit) and still reads them as
+// separate string headers.
 const (
 	HeaderVersion    = "delaybridge-v"
 	HeaderTaskID     = "delaybridge-task"

@@ -76,9 +76,13 @@
 // one AMQP header, delaybridge-env, as a URL query that reads plainly in the
 // management UI. RabbitMQ decodes every header at each publish and each
 // ladder hop, so one header instead of a dozen takes it less work per
-// message. Consumers also read the older form, one header per field, which
-// messages published before may still carry; consumers older than the
-// packed form see no envelope in it, so upgrade consumers first.
+// message. Every process also reads the older form, one header per field,
+// which messages published before may still carry. A process older than the
+// packed form sees no envelope in a packed message and dead-letters it, and
+// consumers publish too (hops, retries, dead letters): during a rolling
+// upgrade from such a version, run the new processes with
+// Config.SplitEnvelope (--rabbit-split-envelope), which publishes the old
+// form, and drop it once no old process is left.
 //
 // # Delayed-exchange mode
 //

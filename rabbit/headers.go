@@ -30,15 +30,25 @@ func isDeathHeader(k string) bool {
 // instead of eight or more takes it 6-13 µs less per message on the test
 // box (BENCHMARKS.md). Readers also take the older form, one AMQP header per
 // envelope field, so messages published by an older version still decode;
-// a consumer older than this form finds no envelope in a packed message, so
-// upgrade consumers before publishers.
+// a process older than this form finds no envelope in a packed message and
+// dead-letters it, so while any runs, every newer one sets
+// Config.SplitEnvelope.
 const envHeader = "delaybridge-env"
 
 // envelopeTable is the AMQP header table of m: its envelope packed into
-// envHeader, with room for extra more entries (the ladder's marks, CC).
-func envelopeTable(m *broker.Message, extra int) amqp.Table {
+// envHeader, or with split one header per field, with room for extra more
+// entries (the ladder's marks, CC).
+func envelopeTable(m *broker.Message, extra int, split bool) amqp.Table {
+	h := broker.Encode(m)
+	if split {
+		t := make(amqp.Table, len(h)+extra)
+		for k, v := range h {
+			t[k] = v
+		}
+		return t
+	}
 	t := make(amqp.Table, 1+extra)
-	t[envHeader] = packEnvelope(broker.Encode(m))
+	t[envHeader] = packEnvelope(h)
 	return t
 }
 
@@ -69,6 +79,9 @@ func unpackEnvelope(v any, h map[string]string) error {
 	if err != nil {
 		return &broker.EnvelopeError{Header: envHeader, Reason: "not a URL query: " + err.Error()}
 	}
+	if _, ok := q[strings.TrimPrefix(broker.HeaderVersion, broker.HeaderPrefix)]; !ok {
+		return &broker.EnvelopeError{Header: envHeader, Reason: "no envelope version field"}
+	}
 	for k, vs := range q {
 		name := broker.HeaderPrefix + k
 		if _, dup := h[name]; dup || len(vs) != 1 {
@@ -80,20 +93,21 @@ func unpackEnvelope(v any, h map[string]string) error {
 }
 
 // fromTable turns the headers of a delivery into strings, unpacking
-// envHeader. Envelope headers must be strings; one that is not makes an
-// *broker.EnvelopeError. Other
+// envHeader (a string or bytes). Separate envelope headers must be strings;
+// one that is not makes an *broker.EnvelopeError. Other
 // scalar headers are formatted; tables and arrays (x-death and the like),
 // the dead-letter headers and the ladder's bit headers are left out.
 func fromTable(t amqp.Table) (map[string]string, error) {
 	h := make(map[string]string, len(t)+8)
 	var bad error
 	var packed any
+	hasPacked := false
 	for k, v := range t {
 		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") {
 			continue
 		}
 		if k == envHeader {
-			packed = v
+			packed, hasPacked = v, true
 			continue
 		}
 		if s, ok := v.(string); ok {
@@ -117,7 +131,7 @@ func fromTable(t amqp.Table) (map[string]string, error) {
 			h[k] = fmt.Sprint(v)
 		}
 	}
-	if packed != nil && bad == nil {
+	if hasPacked && bad == nil {
 		bad = unpackEnvelope(packed, h)
 	}
 	return h, bad

@@ -54,7 +54,7 @@ func FuzzFromTable(f *testing.F) {
 	f.Add(envHeader, uint8(5), "", int64(0), 0.0, []byte("v=1&topic=t&key=k%00&deliver-at=1"))
 	f.Fuzz(func(t *testing.T, name string, kind uint8, s string, n int64, fl float64, bs []byte) {
 		msg := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC()}
-		tab := envelopeTable(msg, 0)
+		tab := envelopeTable(msg, 0, false)
 		v := fieldValue(kind, s, n, fl, bs)
 		tab[name] = v
 		h, err := fromTable(tab)
@@ -87,7 +87,7 @@ func TestEnvelope_PackedRoundTrip(t *testing.T) {
 	m := &broker.Message{Topic: "order-cancel", Key: "o 42&x=%+ü", DeliverAt: time.UnixMilli(1_764_500_000_123).UTC(),
 		Hop: 2, Attempt: 3, Generation: 4, TaskID: 17, Trace: "00-abc-def-01", Payload: []byte("p"),
 		Headers: map[string]string{"a=b": "c&d", "tenant": "🙂", "empty": ""}}
-	tab := envelopeTable(m, 0)
+	tab := envelopeTable(m, 0, false)
 	s, ok := tab[envHeader].(string)
 	if !ok || !strings.Contains(s, "topic=order-cancel") || !strings.Contains(s, "task=17") {
 		t.Fatalf("%s = %#v, want a readable query", envHeader, tab[envHeader])
@@ -109,13 +109,14 @@ func TestEnvelope_PackedRoundTrip(t *testing.T) {
 	}
 }
 
-// Messages published before the envelope was packed, one AMQP header per
-// field, still decode: they can sit in the ladder for weeks.
+// Messages published before the envelope was packed, or with SplitEnvelope,
+// one AMQP header per field, still decode: they can sit in the ladder for
+// weeks.
 func TestEnvelope_OneHeaderPerFieldStillDecodes(t *testing.T) {
 	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(), TaskID: 9}
-	tab := amqp.Table{}
-	for k, v := range broker.Encode(m) {
-		tab[k] = v
+	tab := envelopeTable(m, 0, true)
+	if _, packed := tab[envHeader]; packed || tab[broker.HeaderVersion] != broker.EnvelopeVersion || tab[broker.HeaderTaskID] != "9" {
+		t.Fatalf("split table %v, want one header per field", tab)
 	}
 	h, err := fromTable(tab)
 	if err != nil {
@@ -127,9 +128,12 @@ func TestEnvelope_OneHeaderPerFieldStillDecodes(t *testing.T) {
 }
 
 func TestEnvelope_MalformedPackedIsEnvelopeError(t *testing.T) {
-	good := envelopeTable(&broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1).UTC()}, 0)[envHeader].(string)
+	good := envelopeTable(&broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1).UTC()}, 0, false)[envHeader].(string)
 	for name, tab := range map[string]amqp.Table{
 		"not a string":        {envHeader: int64(3)},
+		"void":                {envHeader: nil},
+		"empty":               {envHeader: ""},
+		"no version":          {envHeader: "topic=t&key=k&deliver-at=1"},
 		"bad escape":          {envHeader: "v=1&key=%zz"},
 		"semicolon":           {envHeader: "v=1;key=k"},
 		"field twice":         {envHeader: good + "&key=other"},
