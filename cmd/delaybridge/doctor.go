@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -105,9 +106,15 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		r.fail("database %s lacks FOR UPDATE SKIP LOCKED: use MySQL 8.0.1+ or MariaDB 10.6+", version)
 	}
 	var applied sql.NullInt64
-	if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM delaybridge_migration").Scan(&applied); err != nil || !applied.Valid {
+	migs, merr := outbox.Migrations()
+	switch err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM delaybridge_migration").Scan(&applied); {
+	case err != nil || !applied.Valid:
 		r.fail("outbox schema not migrated: run delaybridge migrate")
-	} else {
+	case merr != nil:
+		r.fail("embedded migrations: %v", merr)
+	case applied.Int64 < int64(migs[len(migs)-1].Version):
+		r.fail("outbox schema at version %d, this binary needs %d: run delaybridge migrate", applied.Int64, migs[len(migs)-1].Version)
+	default:
 		r.ok("outbox schema at version %d", applied.Int64)
 	}
 	before := time.Now()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -202,6 +203,18 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 	_, bare := testenv.ScratchDB(t)
 	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", bare}, rabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema not migrated") {
 		t.Fatalf("doctor on an empty database: %v\n%s", err, fmt.Sprint(out))
+	}
+	// One left behind the binary's newest migration fails it too.
+	pool, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec("DELETE FROM delaybridge_migration WHERE version > 1"); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", dsn}, rabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema at version 1, this binary needs") {
+		t.Fatalf("doctor on a version-1 schema: %v\n%s", err, out)
 	}
 }
 
