@@ -438,10 +438,15 @@ cmd_down() {
 	(($#)) || set -- rocketmq rabbitmq mariadb
 	for s in "$@"; do
 		case "$s" in
+		rocketmq | rabbitmq | mariadb) ;;
+		*) die "down: unknown service $s (want rocketmq, rabbitmq or mariadb); nothing stopped" ;;
+		esac
+	done
+	for s in "$@"; do
+		case "$s" in
 		rocketmq) rocketmq_down ;;
 		rabbitmq) rabbit_down ;;
 		mariadb) mariadb_down ;;
-		*) die "down: unknown service $s (want rocketmq, rabbitmq or mariadb)" ;;
 		esac
 	done
 	cmd_status

@@ -17,6 +17,12 @@
 -- binary older than this migration writes published_ms = NULL when it
 -- reschedules or replays a task, which this schema refuses: upgrade every
 -- process that writes delay_task together.
+--
+-- The last ALTER copies the table (VARCHAR to CHAR cannot be done in place),
+-- and writes to delay_task, Schedule inside business transactions included,
+-- wait for the copy: on a large outbox, run it at a quiet time. Reads of
+-- state assume the server does not run with sql_mode PAD_CHAR_TO_FULL_LENGTH
+-- (deprecated, off by default).
 ALTER TABLE delay_task
   MODIFY published_ms BIGINT NULL DEFAULT 0,
   MODIFY done_ms BIGINT NULL DEFAULT 0;
