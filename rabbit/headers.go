@@ -100,15 +100,12 @@ func unpackEnvelope(v any, h map[string]string) error {
 func fromTable(t amqp.Table) (map[string]string, error) {
 	h := make(map[string]string, len(t)+8)
 	var bad error
-	var packed any
-	hasPacked := false
 	for k, v := range t {
 		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") {
 			continue
 		}
 		if k == envHeader {
-			packed, hasPacked = v, true
-			continue
+			continue // unpacked below, once the separate headers are in h
 		}
 		if s, ok := v.(string); ok {
 			h[k] = s
@@ -131,7 +128,7 @@ func fromTable(t amqp.Table) (map[string]string, error) {
 			h[k] = fmt.Sprint(v)
 		}
 	}
-	if hasPacked && bad == nil {
+	if packed, ok := t[envHeader]; ok && bad == nil {
 		bad = unpackEnvelope(packed, h)
 	}
 	return h, bad
