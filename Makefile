@@ -29,6 +29,7 @@ test: lint services
 FUZZTIME ?= 60s
 fuzz:
 	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzConsumerHopsMakeProgress$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./outbox/

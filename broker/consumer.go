@@ -24,6 +24,13 @@ type Handler func(ctx context.Context, m *Message) error
 // database-bound handler commit many tasks in one transaction.
 type BatchHandler func(ctx context.Context, msgs []*Message) error
 
+// RetryRecorder learns of each retry before it is published: m carries the
+// new Attempt and the DeliverAt it waits for. outbox.RecordRetry keeps both
+// on the task row, so the scanner neither rescues a task that is only
+// waiting out its backoff nor restarts its attempt count. An error is
+// logged; the retry goes ahead.
+type RetryRecorder func(ctx context.Context, m *Message, cause error) error
+
 // Backoff shapes the delay before each retry: Initial, multiplied by
 // Multiplier per failed attempt up to Max, each randomised by ±Jitter (a
 // fraction). The zero value means the defaults in ConsumerConfig.
@@ -87,6 +94,9 @@ type ConsumerConfig struct {
 	// DeadLetter receives what the runtime gives up on. Default: published
 	// to DefaultDeadTopic through the consumer's publisher.
 	DeadLetter DeadLetter
+	// OnRetry, when set, is told of each retry before it is published
+	// (outbox.RecordRetry).
+	OnRetry RetryRecorder
 	// Batch, when set, receives the due messages a worker finds waiting,
 	// up to BatchSize at a time; the Handler remains the fallback for a
 	// failed batch and for messages that arrive alone.
@@ -417,7 +427,7 @@ func (c *Consumer) worker() {
 // ready reports whether j can go to the handler right now: decoded, due,
 // and not beyond the horizon.
 func (c *Consumer) ready(j job) bool {
-	return j.d.Err == nil && j.d.Message != nil && !c.cfg.Now().Before(j.d.Message.DeliverAt)
+	return j.d.Err == nil && j.d.Message != nil && j.d.Message.Topic == j.topic && !c.cfg.Now().Before(j.d.Message.DeliverAt)
 }
 
 // processBatch runs due messages through the BatchHandler in one call and
@@ -465,35 +475,26 @@ func (c *Consumer) process(j job) {
 		return
 	}
 	m := d.Message
+	if m.Topic != j.topic {
+		// Only the subscription says which topic a queue serves; a message
+		// naming another is refused whole: no handler, no hop, no re-publish
+		// into that topic's queue.
+		c.dead(j, fmt.Errorf("%w: delivered on %q, names %q", ErrWrongTopic, j.topic, m.Topic))
+		return
+	}
 	now := c.cfg.Now()
 	remaining := m.DeliverAt.Sub(now)
 	if remaining > c.cfg.Horizon {
 		c.dead(j, fmt.Errorf("%w: due %s is beyond the %v horizon", ErrTooFar, m.DeliverAt.Format(time.RFC3339), c.cfg.Horizon))
 		return
 	}
-	if remaining > c.cfg.HoldWindow {
-		c.hop(j)
-		return
-	}
 	if remaining > 0 {
-		// Arrived early by less than the hold window (the wall clock and the
-		// timer's monotonic clock can differ by a hair): wait it out here.
-		t := time.NewTimer(remaining)
-		select {
-		case <-t.C:
-		case <-c.stopping:
-			t.Stop()
-			c.nack(j)
-			return
-		}
-		now = c.cfg.Now()
-		if now.Before(m.DeliverAt) {
-			time.Sleep(m.DeliverAt.Sub(now))
-			now = c.cfg.Now()
-		}
+		c.wait(j, m, now, remaining)
+		return
 	}
 	lateness := now.Sub(m.DeliverAt)
 	err := c.run(m)
+	var early *EarlyError
 	switch {
 	case err == nil:
 		c.ack(j)
@@ -503,12 +504,39 @@ func (c *Consumer) process(j job) {
 	case c.hardCtx.Err() != nil:
 		// Forced shutdown interrupted the handler: give the message back.
 		c.nack(j)
+	case errors.As(err, &early):
+		// Due by this host's clock, not by the handler's reference clock:
+		// wait out the difference, counting no attempt.
+		c.log.Info("delaybridge: task not due yet by the reference clock; waiting (is this host's clock ahead?)",
+			"topic", m.Topic, "key", m.Key, "remaining", early.Remaining)
+		if early.Remaining <= 0 {
+			early.Remaining = time.Millisecond
+		}
+		now := c.cfg.Now()
+		m.DeliverAt = MillisUTC(now.Add(early.Remaining + time.Millisecond))
+		c.wait(j, m, now, m.DeliverAt.Sub(now))
 	case IsPermanent(err):
 		c.dead(j, fmt.Errorf("permanent failure on attempt %d: %w", m.Attempt+1, err))
 	case m.Attempt+1 >= c.cfg.MaxAttempts:
 		c.dead(j, fmt.Errorf("failed %d attempts, last: %w", m.Attempt+1, err))
 	default:
 		c.retry(j, err)
+	}
+}
+
+// wait settles a message that is not due yet: another hop when the broker
+// can carry it closer to due and the remainder exceeds the hold window,
+// otherwise held in memory until due. A hop must make progress: when the
+// planner offers no delay (the remainder is shorter than the smallest delay
+// level), publishing again would come straight back, so the message is held
+// however long the remainder is.
+func (c *Consumer) wait(j job, m *Message, now time.Time, remaining time.Duration) {
+	if remaining > c.cfg.HoldWindow && c.pub.Limits().Plan(now, m.DeliverAt).Delay > 0 {
+		c.hop(j, m)
+		return
+	}
+	if !c.hold(j, remaining) {
+		c.nack(j)
 	}
 }
 
@@ -586,12 +614,17 @@ func (c *Consumer) guard(topic, what string, f func(ctx context.Context) error) 
 // per attempt.
 func (c *Consumer) Stuck() int { return int(c.stuck.Load()) }
 
-// hop publishes an early message again towards its due time and acks the
-// original once the broker confirmed the new one.
-func (c *Consumer) hop(j job) {
-	m := j.d.Message.Clone()
+// hop publishes an early message (m, the delivery's message or a copy with
+// a corrected due time) again towards its due time and acks the original
+// once the broker confirmed the new one.
+func (c *Consumer) hop(j job, m *Message) {
+	m = m.Clone()
 	m.Hop++
 	if err := c.publish(m); err != nil {
+		if IsPermanent(err) {
+			c.dead(j, fmt.Errorf("the broker refused the next hop: %w", err))
+			return
+		}
 		c.log.Warn("delaybridge: re-publishing an early message failed; giving it back", "topic", m.Topic, "key", m.Key, "err", err)
 		c.pauseThenNack(j)
 		return
@@ -609,7 +642,18 @@ func (c *Consumer) retry(j job, cause error) {
 	m.Hop = 0
 	m.DeliverAt = MillisUTC(c.cfg.Now().Add(c.backoff(m.Attempt)))
 	c.log.Info("delaybridge: handler failed; retrying later", "topic", m.Topic, "key", m.Key, "attempt", m.Attempt, "at", m.DeliverAt, "err", cause)
+	if c.cfg.OnRetry != nil {
+		ctx, cancel := context.WithTimeout(c.hardCtx, 10*time.Second)
+		if err := c.cfg.OnRetry(ctx, m.Clone(), cause); err != nil {
+			c.log.Warn("delaybridge: recording a retry failed; retrying anyway", "topic", m.Topic, "key", m.Key, "err", err)
+		}
+		cancel()
+	}
 	if err := c.publish(m); err != nil {
+		if IsPermanent(err) {
+			c.dead(j, fmt.Errorf("the broker refused the retry after %v: %w", cause, err))
+			return
+		}
 		c.log.Warn("delaybridge: publishing a retry failed; giving it back", "topic", m.Topic, "key", m.Key, "err", err)
 		c.pauseThenNack(j)
 		return

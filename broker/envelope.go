@@ -29,12 +29,25 @@ const (
 	EnvelopeVersion = "1"
 )
 
-// Bounds on DeliverAt as carried in an envelope. Anything outside is a
-// malformed envelope, not a due time; the runtime's horizon is much tighter.
-var (
-	minDeliverAt = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	maxDeliverAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+// Bounds on a due time, in Unix milliseconds (UTC by definition). Anything
+// outside is a mistake, not a due time: Schedule refuses it, Message.Validate
+// refuses it, and an envelope carrying it is malformed. One pair of bounds
+// for all three, so no due time is accepted by one check and refused by
+// another. The runtime's horizon is much tighter than the upper bound.
+const (
+	minDeliverAtMS = 946_684_800_000     // 2000-01-01T00:00:00Z
+	maxDeliverAtMS = 253_402_300_799_000 // 9999-12-31T23:59:59Z
 )
+
+// CheckDeliverAt reports a due time before 2000-01-01 UTC or after the end
+// of 9999 UTC, wrapping ErrInvalidMessage. The time zone of t does not
+// matter: the bound is one instant.
+func CheckDeliverAt(t time.Time) error {
+	if ms := t.UnixMilli(); ms < minDeliverAtMS || ms > maxDeliverAtMS {
+		return fmt.Errorf("%w: deliver-at %s is outside 2000-01-01 .. 9999-12-31 UTC", ErrInvalidMessage, t.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
 
 // Encode returns the envelope headers of m. The body of the broker message is
 // m.Payload, untouched. Encode does not validate; call m.Validate first.
@@ -85,7 +98,7 @@ func Decode(headers map[string]string, body []byte) (*Message, error) {
 	if e := ValidateKey(m.Key); e != nil {
 		return nil, &EnvelopeError{Header: HeaderKey, Reason: e.Error()}
 	}
-	ms, err := integer(headers, HeaderDeliverAt, true, minDeliverAt.UnixMilli(), maxDeliverAt.UnixMilli())
+	ms, err := integer(headers, HeaderDeliverAt, true, minDeliverAtMS, maxDeliverAtMS)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Sentinel errors callers test with errors.Is.
@@ -31,7 +32,27 @@ var (
 	ErrHandlerStuck = errors.New("handler ignored its context and was abandoned")
 	// ErrClosed is returned by a component used after Close.
 	ErrClosed = errors.New("closed")
+	// ErrWrongTopic means a delivery names another topic than the one its
+	// subscription is for: a message published into the wrong queue, by
+	// mistake or by someone who may write to the broker but does not own
+	// the topic. The runtime refuses it and never runs a handler for it.
+	ErrWrongTopic = errors.New("message is for another topic than its subscription")
 )
+
+// EarlyError is returned by a handler that found its task not yet due by
+// its reference clock (outbox.Handle asks the database's), however due the
+// message looked by the consumer's clock: the consumer host's clock runs
+// ahead, or the message lied about its due time. The runtime waits out
+// Remaining, in memory or as another hop, and tries again without counting
+// an attempt.
+type EarlyError struct {
+	// Remaining is how long until the task is due by the reference clock.
+	Remaining time.Duration
+}
+
+func (e *EarlyError) Error() string {
+	return fmt.Sprintf("task not due yet by the reference clock: %v to go", e.Remaining)
+}
 
 // EnvelopeError says which envelope header could not be decoded and why.
 // It wraps ErrMalformedEnvelope.

@@ -86,6 +86,9 @@ func (m *Message) Validate() error {
 	if m.DeliverAt.IsZero() {
 		return fmt.Errorf("%w: deliver-at is zero", ErrInvalidMessage)
 	}
+	if err := CheckDeliverAt(m.DeliverAt); err != nil {
+		return err
+	}
 	if m.Hop < 0 || m.Attempt < 0 || m.Generation < 0 {
 		return fmt.Errorf("%w: negative hop, attempt or generation", ErrInvalidMessage)
 	}

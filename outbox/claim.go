@@ -80,7 +80,7 @@ func decodeHeaders(s string) (map[string]string, error) {
 	if err := json.Unmarshal([]byte(s), &h); err != nil {
 		return nil, fmt.Errorf("headers column: %w", err)
 	}
-	m := broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1), Headers: h}
+	m := broker.Message{Topic: "t", Key: "k", DeliverAt: time.Now(), Headers: h}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("headers column: %w", err)
 	}

@@ -152,8 +152,11 @@ func (c Config) validateDue(due time.Time) error {
 	if lim := c.Now().Add(c.Horizon); due.After(lim) {
 		return fmt.Errorf("%w: %s is more than %v away", broker.ErrTooFar, due.UTC().Format(time.RFC3339), c.Horizon)
 	}
-	if due.Year() < 2000 {
-		return fmt.Errorf("%w: %s is before the year 2000", ErrInvalidDue, due.UTC().Format(time.RFC3339))
+	// The bound is an instant (2000-01-01 UTC), the one the envelope
+	// enforces, never a calendar year in the caller's time zone: a due time
+	// Schedule accepts must be one every consumer can decode.
+	if err := broker.CheckDeliverAt(due); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidDue, err)
 	}
 	return nil
 }

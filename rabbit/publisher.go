@@ -361,11 +361,14 @@ func (l *pubLoop) confirm(c amqp.Confirmation) {
 	}
 	delete(l.pending, c.DeliveryTag)
 	var err error
-	switch why, returned := l.returned[pm.id]; {
+	why, returned := l.returned[pm.id]
+	// Forget the return whatever the confirm says: a message both returned
+	// and nacked would otherwise leave its entry behind for good.
+	delete(l.returned, pm.id)
+	switch {
 	case !c.Ack:
 		err = ErrNacked
 	case returned:
-		delete(l.returned, pm.id)
 		err = fmt.Errorf("%w: %s", ErrUnroutable, why)
 	}
 	pm.req.settle(pm.i, err)
