@@ -85,7 +85,10 @@ WHERE state IN ('pending', 'published', 'dead') GROUP BY state, topic`)
 	}{
 		{&st.Done, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'", nil},
 		{&st.Cancelled, "SELECT COUNT(*) FROM delay_task WHERE state = 'cancelled'", nil},
-		{&st.Overdue, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND due_ms < ?", []any{now.Add(-grace).UnixMilli()}},
+		// Overdue as the scanner counts it: from the latest of due, last
+		// publish and the next attempt a retry recorded.
+		{&st.Overdue, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND due_ms < ? AND published_ms < ? AND next_attempt_ms < ?",
+			[]any{now.Add(-grace).UnixMilli(), now.Add(-grace).UnixMilli(), now.Add(-grace).UnixMilli()}},
 	} {
 		if err := q.QueryRowContext(ctx, c.query, c.args...).Scan(c.dst); err != nil {
 			return nil, fmt.Errorf("outbox: stats: %w", err)
@@ -144,7 +147,7 @@ func ListDead(ctx context.Context, q Querier, limit int) ([]*Info, error) {
 func Replay(ctx context.Context, q Querier, topic, key string) error {
 	now := time.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'pending', generation = generation + 1, publish_attempts = 0,
-  next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?
+  next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?, lease_owner = 0, rescues = 0, attempts = 0
 WHERE topic = ? AND task_key = ? AND state = 'dead'`, now, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: replay %s/%s: %w", topic, key, err)

@@ -36,13 +36,13 @@ func HandleBatch(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn fun
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	in := "(?" + strings.Repeat(",?", len(ids)-1) + ")"
-	rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation FROM delay_task WHERE id IN "+in+" ORDER BY id FOR UPDATE", ids...)
+	rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE id IN "+in+" ORDER BY id FOR UPDATE", ids...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: handle batch: lock tasks: %w", err)
 	}
 	type row struct {
 		topic, key, state string
-		gen               int64
+		gen, due, dbNow   int64
 	}
 	found := map[int64]row{}
 	for rows.Next() {
@@ -51,7 +51,7 @@ func HandleBatch(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn fun
 			r   row
 			key []byte
 		)
-		if err := rows.Scan(&id, &r.topic, &key, &r.state, &r.gen); err != nil {
+		if err := rows.Scan(&id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -78,6 +78,10 @@ func HandleBatch(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn fun
 			out[i] = SkippedDead
 		case m.Generation != r.gen:
 			out[i] = SkippedStale
+		case r.due > r.dbNow:
+			// Not due by the database's clock: fail the batch; one at a
+			// time, Handle returns the *broker.EarlyError the runtime waits on.
+			return nil, &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
 		default:
 			out[i] = Handled
 			seen[m.TaskID] = true

@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
@@ -14,6 +17,7 @@ import (
 type Claimed struct {
 	Message *broker.Message
 	// PublishAttempts is the row's publish_attempts before this claim.
+	// Message.Attempt is the row's handler attempt (attempts).
 	PublishAttempts int
 	// HeadersErr is set when the row's headers could not be read or no
 	// broker would carry them (a hand-edited row); the message then
@@ -21,27 +25,54 @@ type Claimed struct {
 	HeadersErr error
 }
 
-// BeginClaim starts the transaction a claim runs in. READ COMMITTED: the
-// claim locks only the rows it returns, no gaps of the (state, due_ms)
-// index, so producers inserting new tasks never wait on (or deadlock with)
-// a claim.
-func BeginClaim(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
-	return db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+// ClaimSpec says which rows a claim takes and how long it holds them.
+type ClaimSpec struct {
+	// State is the state of the rows to take.
+	State State
+	// DueAtMost, ReadyAtMost and PublishedAtMost bound due_ms,
+	// next_attempt_ms and published_ms (epoch milliseconds, inclusive).
+	DueAtMost, ReadyAtMost, PublishedAtMost int64
+	// Limit is the most rows to take, oldest due first.
+	Limit int
+	// Owner names the claim on each row it takes (NewLeaseOwner).
+	Owner int64
+	// LeaseUntil is when the rows become claimable again if the claimer
+	// never records an outcome (it crashed): stored in next_attempt_ms.
+	LeaseUntil int64
 }
 
-// Claim locks up to limit rows in state whose due_ms is at most dueAtMost
-// and whose next_attempt_ms is at most nowMS, oldest due first, skipping
-// rows another transaction holds, and returns them as messages. The locks
-// last until tx ends. It is the one query the relay (state pending) and the
-// scanner (state published, overdue) share: a range of the (state, due_ms)
-// index.
-func Claim(ctx context.Context, tx *sql.Tx, state State, dueAtMost, nowMS int64, limit int) ([]Claimed, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, publish_attempts
-FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ?
-ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(state), dueAtMost, nowMS, limit)
+// NewLeaseOwner returns a random non-zero lease owner for one claim.
+func NewLeaseOwner() int64 {
+	for {
+		if v := rand.Int64(); v != 0 {
+			return v
+		}
+	}
+}
+
+// ClaimLeased takes up to spec.Limit rows and leases them to spec.Owner, in
+// one short transaction that commits before it returns: it locks the rows
+// with FOR UPDATE SKIP LOCKED (READ COMMITTED, so only those rows and no
+// index gaps), stamps each with the owner and the lease's expiry, and
+// commits. No lock outlives the claim, so a business transaction touching a
+// claimed row (Cancel in a payment) never waits for a broker. The claimer
+// records each row's outcome with conditions on the owner (MarkPublished,
+// Release), and a row whose lease expired unrecorded is taken again.
+//
+// It is the one query the relay (pending rows) and the scanner (published
+// rows overdue) share: a range of the (state, due_ms) index.
+func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: %w", state, err)
+		return nil, fmt.Errorf("outbox: claim %s: begin: %w", spec.State, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, publish_attempts, attempts
+FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
+ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
 	defer rows.Close()
 	var out []Claimed
@@ -53,7 +84,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(state), dueAtMost, nowMS
 			dueMS          int64
 			headers, trace sql.NullString
 		)
-		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation, &c.PublishAttempts); err != nil {
+		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &m.Payload, &headers, &trace, &m.Generation, &c.PublishAttempts, &m.Attempt); err != nil {
 			return nil, fmt.Errorf("outbox: read claim: %w", err)
 		}
 		m.Key, m.DeliverAt, m.Trace = string(key), msTime(dueMS), trace.String
@@ -64,10 +95,139 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(state), dueAtMost, nowMS
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: %w", state, err)
+		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
+	}
+	if len(out) == 0 {
+		return nil, tx.Commit()
+	}
+	ids := make([]int64, len(out))
+	for i, c := range out {
+		ids[i] = c.Message.TaskID
+	}
+	for _, chunk := range chunks(ids) {
+		args := append([]any{spec.Owner, spec.LeaseUntil}, chunk...)
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+inList(len(chunk)), args...); err != nil {
+			return nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outbox: claim %s: commit: %w", spec.State, err)
 	}
 	return out, nil
 }
+
+// Outcome statements of a claim. Each runs in its own short transaction
+// and changes a row only while the claim still owns it, is of the
+// generation it published, and is in the state it was claimed in.
+
+// MarkPublished records that the broker confirmed the messages of claimed
+// rows (those in c): state published, published_ms = at, the lease gone.
+// Rows a Cancel, Reschedule or another claim changed meanwhile are left
+// alone. It returns how many rows it marked.
+func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64) (int64, error) {
+	return updateOwned(ctx, db, owner, from, c,
+		"state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL, next_attempt_ms = 0, lease_owner = 0",
+		at, at)
+}
+
+// MarkRescued records that claimed published rows were re-published at at:
+// the rescue counted, the next rescue no sooner than backoff(rescues) after.
+func MarkRescued(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at int64, grace, maxWait time.Duration) (int64, error) {
+	// next_attempt_ms is compared with now - grace, like published_ms, so
+	// the wait past grace is grace × (2^rescues − 1): grace, then 2×,
+	// 4× ... after each rescue, up to maxWait. The assignment to
+	// next_attempt_ms comes first so it reads rescues before the increment.
+	return updateOwned(ctx, db, owner, StatePublished, c,
+		"next_attempt_ms = ? + LEAST(? * ((1 << LEAST(rescues, 8)) - 1), ?), rescues = rescues + 1, published_ms = ?, updated_ms = ?, lease_owner = 0",
+		at, grace.Milliseconds(), maxWait.Milliseconds(), at, at)
+}
+
+// MarkFailed records a transient publish failure on claimed rows: the
+// lease gone, the next attempt no sooner than at + initial × 2^attempts,
+// at most maxWait, less skew (a scanner passes its grace, which it adds
+// back when it compares).
+func MarkFailed(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64, initial, maxWait, skew time.Duration, reason string) (int64, error) {
+	return updateOwned(ctx, db, owner, from, c,
+		"next_attempt_ms = ? + LEAST(? << LEAST(publish_attempts, 30), ?) - ?, publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ?, lease_owner = 0",
+		at, initial.Milliseconds(), maxWait.Milliseconds(), skew.Milliseconds(), truncate(reason, 1024), at)
+}
+
+// MarkDead records that the broker refused claimed rows for good.
+func MarkDead(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64, reason string) (int64, error) {
+	return updateOwned(ctx, db, owner, from, c,
+		"state = 'dead', publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ?, next_attempt_ms = 0, lease_owner = 0",
+		truncate(reason, 1024), at)
+}
+
+// Release gives claimed rows back at once, untouched otherwise: for a
+// claimer stopping before it knows how their publish went.
+func Release(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed) (int64, error) {
+	return updateOwned(ctx, db, owner, from, c, "next_attempt_ms = 0, lease_owner = 0")
+}
+
+// SplitResults sorts claimed rows by the outcome of their publish (results
+// as broker.PublishResults gives them, one per row): confirmed, failed for
+// now, and refused for good.
+func SplitResults(c []Claimed, results []error) (ok, failed, refused []Claimed) {
+	for i, cl := range c {
+		switch err := results[i]; {
+		case err == nil:
+			ok = append(ok, cl)
+		case broker.IsPermanent(err):
+			refused = append(refused, cl)
+		default:
+			failed = append(failed, cl)
+		}
+	}
+	return ok, failed, refused
+}
+
+// updateOwned runs "UPDATE delay_task SET set" over the rows of c that
+// owner still holds in state from at the generation claimed, in chunks.
+func updateOwned(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, set string, setArgs ...any) (int64, error) {
+	byGen := map[int64][]int64{}
+	for _, cl := range c {
+		byGen[cl.Message.Generation] = append(byGen[cl.Message.Generation], cl.Message.TaskID)
+	}
+	var n int64
+	for gen, ids := range byGen {
+		for _, chunk := range chunks(ids) {
+			args := append(append(slices.Clone(setArgs), owner, string(from), gen), chunk...)
+			res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE lease_owner = ? AND state = ? AND generation = ? AND id IN "+inList(len(chunk)), args...)
+			if err != nil {
+				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
+			}
+			k, _ := res.RowsAffected()
+			n += k
+		}
+	}
+	return n, nil
+}
+
+// maxInList keeps one statement's placeholders far below the server's
+// limit of 65,535, whatever batch size is configured.
+const maxInList = 5000
+
+// chunks splits ids into slices of at most maxInList, as []any for Exec.
+func chunks(ids []int64) [][]any {
+	var out [][]any
+	for len(ids) > 0 {
+		n := min(len(ids), maxInList)
+		chunk := make([]any, n)
+		for i, id := range ids[:n] {
+			chunk[i] = id
+		}
+		out = append(out, chunk)
+		ids = ids[n:]
+	}
+	return out
+}
+
+// inList returns "(?,?,…)" with n placeholders.
+func inList(n int) string { return "(?" + strings.Repeat(",?", n-1) + ")" }
 
 // decodeHeaders reads the headers column as Schedule wrote it. Rows are
 // edited by hand now and then, so it checks what it returns as

@@ -50,7 +50,9 @@ func (o Outcome) String() string {
 
 // Handle runs fn for the task behind msg and marks the task done, in ONE
 // transaction: it locks the task row, skips (and reports why) when the task
-// is done, cancelled, dead, missing or of a newer generation than msg, runs
+// is done, cancelled, dead, missing or of a newer generation than msg,
+// returns a *broker.EarlyError when the row's due time has not come by the
+// database's clock (whatever the message or this host's clock say), runs
 // fn(ctx, tx), marks the task done and commits. When fn fails, nothing of it
 // is committed and the error is returned for the runtime to retry. Ack the
 // message after Handle returns nil: a redelivered message then finds the
@@ -65,19 +67,20 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	var (
-		id    int64
-		state string
-		gen   int64
+		id           int64
+		state        string
+		gen          int64
+		dueMS, dbNow int64
 	)
 	var row *sql.Row
 	if msg.TaskID != 0 {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
 			msg.TaskID, msg.Topic, []byte(msg.Key))
 	} else {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
 			msg.Topic, []byte(msg.Key))
 	}
-	switch err := row.Scan(&id, &state, &gen); {
+	switch err := row.Scan(&id, &state, &gen, &dueMS, &dbNow); {
 	case errors.Is(err, sql.ErrNoRows):
 		return SkippedMissing, nil
 	case err != nil:
@@ -92,6 +95,10 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 		return SkippedDead, nil
 	case msg.Generation != gen:
 		return SkippedStale, nil
+	case dueMS > dbNow:
+		// The row, not the message, says when the task is due, and the
+		// database's clock, not this host's, says whether that has come.
+		return 0, &broker.EarlyError{Remaining: time.Duration(dueMS-dbNow) * time.Millisecond}
 	}
 	if err := fn(ctx, tx); err != nil {
 		return 0, err
@@ -117,20 +124,27 @@ func Handler(db *sql.DB, fn func(ctx context.Context, tx *sql.Tx, m *broker.Mess
 }
 
 // DeadLetter returns a broker.DeadLetter that marks the task of a message
-// the runtime gave up on as dead, with the reason, when it is still the
-// current generation and not finished; then it passes the delivery on to
-// next (for example broker.PublishDead), when next is not nil. A delivery
-// that could not be decoded has no task and goes to next only.
+// the runtime gave up on as dead, with the reason, then passes the delivery
+// on to next (for example broker.PublishDead), when next is not nil.
+//
+// The row is found by the message's task id and must still match its
+// topic, key and generation and be unfinished, so a late copy of an old
+// message can never kill a newer task of the same key. Only the handler's
+// own verdicts mark a row (failed attempts, a permanent error, a next hop
+// or retry the broker refused): a delivery that is itself wrong (no or a
+// malformed envelope, a due time beyond the horizon, another topic than its
+// subscription) says nothing about the task, which stays as it is and is
+// delivered by its own messages or rescued by the scanner.
 func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {
 	return broker.DeadLetterFunc(func(ctx context.Context, d *broker.Delivery, reason error) error {
-		if m := d.Message; m != nil {
+		if m := d.Message; m != nil && m.TaskID != 0 && marksTaskDead(reason) {
 			msg := "dead: unknown"
 			if reason != nil {
 				msg = "dead: " + reason.Error()
 			}
-			if _, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', last_error = ?, updated_ms = ?
-WHERE topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-				truncate(msg, 1024), time.Now().UnixMilli(), m.Topic, []byte(m.Key), m.Generation); err != nil {
+			if _, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', last_error = ?, updated_ms = ?, lease_owner = 0, next_attempt_ms = 0
+WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
+				truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 				return fmt.Errorf("outbox: mark %s/%s dead: %w", m.Topic, m.Key, err)
 			}
 		}
@@ -140,3 +154,41 @@ WHERE topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'pu
 		return nil
 	})
 }
+
+// marksTaskDead reports whether a dead-letter reason is a verdict on the
+// task rather than on the delivery that carried it.
+func marksTaskDead(reason error) bool {
+	for _, notTheTask := range []error{broker.ErrNoEnvelope, broker.ErrMalformedEnvelope, broker.ErrTooFar, broker.ErrWrongTopic} {
+		if errors.Is(reason, notTheTask) {
+			return false
+		}
+	}
+	return true
+}
+
+// RecordRetry returns a broker.RetryRecorder that keeps each retry on its
+// task row: the attempt it is on and when it is due again
+// (next_attempt_ms). The scanner then leaves the task alone while it waits
+// out its backoff and re-publishes it with its attempt, so MaxAttempts
+// holds across rescues. Rows are matched as DeadLetter matches them.
+func RecordRetry(db *sql.DB) broker.RetryRecorder {
+	return func(ctx context.Context, m *broker.Message, cause error) error {
+		if m.TaskID == 0 {
+			return nil
+		}
+		why := "retrying"
+		if cause != nil {
+			why = "attempt failed: " + cause.Error()
+		}
+		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = ?, next_attempt_ms = ?, last_error = ?, updated_ms = ?
+WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
+			m.Attempt, m.DeliverAt.UnixMilli(), truncate(why, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)
+		}
+		return nil
+	}
+}
+
+// dbNowMS is the database's clock in epoch milliseconds, as SQL: the one
+// clock every consumer host agrees on.
+const dbNowMS = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"

@@ -110,9 +110,18 @@ func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
 			t.Errorf("%s: Handle = %v, %v; want %v", tc.msg.Key, got, err, tc.want)
 		}
 	}
-	// The rescheduled task's new generation does run.
+	// The rescheduled task's new generation does not run before its new
+	// due time, whatever its message says, and runs once that has come.
 	fresh := *stale
 	fresh.Generation = 1
+	var early *broker.EarlyError
+	if got, err := outbox.Handle(b.ctx, b.db, &fresh, cancelOrder("stale")); !errors.As(err, &early) || early.Remaining < 59*time.Minute {
+		t.Fatalf("new generation due in 1h: Handle = %v, %v; want an EarlyError of about an hour", got, err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "stale", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fresh.Generation = 2
 	if got, err := outbox.Handle(b.ctx, b.db, &fresh, cancelOrder("stale")); err != nil || got != outbox.Handled {
 		t.Fatalf("new generation: Handle = %v, %v", got, err)
 	}

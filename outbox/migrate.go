@@ -4,12 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 //go:embed migrations/*.sql
@@ -102,7 +105,7 @@ func Migrate(ctx context.Context, db *sql.DB) ([]int, error) {
 			continue
 		}
 		for _, stmt := range splitStatements(m.SQL) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
 				return applied, fmt.Errorf("outbox: migration %s: %w", m.Name, err)
 			}
 		}
@@ -136,4 +139,13 @@ func splitStatements(script string) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// alreadyApplied reports the error of an ALTER that a migrator killed
+// before it recorded the migration already ran: a column that exists
+// (MySQL error 1060). MySQL has no ADD COLUMN IF NOT EXISTS, so this is how
+// a migration that adds columns stays safe to run again.
+func alreadyApplied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1060
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +34,14 @@ type RelayConfig struct {
 	// RetryInitial and RetryMax shape the per-row delay after a transient
 	// publish failure. Defaults 1s and 5m.
 	RetryInitial, RetryMax time.Duration
+	// PublishTimeout bounds one batch's publish: a broker that is down or
+	// blocked (a memory alarm) fails the batch then, and its rows are
+	// retried with backoff. Default 10s.
+	PublishTimeout time.Duration
+	// Lease is how long a claim owns its rows before another claim may take
+	// them; it must outlast PublishTimeout, so only a relay that died
+	// mid-batch ever loses its rows to another. Default 30s.
+	Lease time.Duration
 	// Hooks are metric callbacks; any may be nil.
 	Hooks RelayHooks
 	// Logger receives the relay's logs. Default slog.Default().
@@ -72,6 +79,12 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.RetryMax < c.RetryInitial {
 		c.RetryMax = max(5*time.Minute, c.RetryInitial)
 	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.Lease <= 0 {
+		c.Lease = max(DefaultLease, c.PublishTimeout+recordTimeout)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -81,12 +94,20 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	return c
 }
 
-// Relay moves pending tasks into a broker. It claims rows with SELECT … FOR
-// UPDATE SKIP LOCKED inside a transaction, publishes them, and marks them
-// published in the same transaction only after the broker confirmed them.
-// A relay that dies at any point rolls back and leaves its rows pending for
-// the next claim; a row may then be published twice, which Handle makes
-// harmless.
+// Defaults for RelayConfig.
+const (
+	DefaultPublishTimeout = 10 * time.Second
+	DefaultLease          = 30 * time.Second
+)
+
+// Relay moves pending tasks into a broker. It leases a batch of rows in a
+// short transaction (ClaimLeased), publishes them outside any transaction
+// with a deadline, and marks each published only after the broker
+// confirmed it and only while the row is still its own. No lock is held
+// while a broker is slow or down, so the business transactions that cancel
+// or reschedule tasks never wait on one. A relay that dies at any point
+// leaves its rows pending; they are claimed again when the lease expires,
+// and a row may then be published twice, which Handle makes harmless.
 type Relay struct {
 	db    *sql.DB
 	pub   broker.Publisher
@@ -100,6 +121,9 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 		return nil, errors.New("outbox: NewRelay needs a database and a publisher")
 	}
 	cfg = cfg.withDefaults()
+	if cfg.Lease <= cfg.PublishTimeout {
+		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
+	}
 	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan struct{}, cfg.Workers)}, nil
 }
 
@@ -168,25 +192,27 @@ func (r *Relay) loop(ctx context.Context) {
 }
 
 // Once claims one batch, publishes it and records the outcome, returning
-// how many rows it claimed. If ctx ends before the commit, the whole batch
-// stays pending.
+// how many rows it claimed. The claim commits before the publish starts
+// (ClaimLeased), the publish has PublishTimeout, and each outcome is
+// recorded only on rows the claim still owns: a task cancelled or
+// rescheduled meanwhile keeps what its owner did. If ctx ends mid-publish,
+// the rows the broker did not confirm are released for the next claim.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
 	if r.cfg.Horizon > 0 {
 		limit = now.Add(r.cfg.Horizon).UnixMilli()
 	}
-	tx, err := BeginClaim(ctx, r.db)
-	if err != nil {
-		return 0, fmt.Errorf("outbox relay: begin: %w", err)
-	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	batch, err := Claim(ctx, tx, StatePending, limit, now.UnixMilli(), r.cfg.BatchSize)
+	owner := NewLeaseOwner()
+	batch, err := ClaimLeased(ctx, r.db, ClaimSpec{
+		State: StatePending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
+		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(),
+	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)
 	}
 	if len(batch) == 0 {
-		return 0, tx.Commit()
+		return 0, nil
 	}
 
 	msgs := make([]*broker.Message, len(batch))
@@ -197,72 +223,87 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 		}
 	}
 	start := time.Now()
-	perr := r.pub.Publish(ctx, msgs...)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	perr := r.pub.Publish(pctx, msgs...)
+	cancel()
 	took := time.Since(start)
-	if ctx.Err() != nil {
-		return 0, ctx.Err() // roll back: every row stays pending
-	}
+	stopping := ctx.Err() != nil
+
+	// Record what the broker said even when ctx ended meanwhile: a
+	// confirmed message left unmarked would only be published again once
+	// its lease expired.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer rcancel()
 	results := broker.PublishResults(perr, len(batch))
-	var ok []int64
-	failed, dead := 0, 0
+	ok, failed, dead := SplitResults(batch, results)
 	stamp := r.cfg.Now().UnixMilli()
-	for i, c := range batch {
-		switch err := results[i]; {
-		case err == nil:
-			ok = append(ok, c.Message.TaskID)
-		case broker.IsPermanent(err):
-			dead++
-			if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'dead', publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ? WHERE id = ?",
-				truncate("publish rejected: "+err.Error(), 1024), stamp, c.Message.TaskID); err != nil {
-				return 0, fmt.Errorf("outbox relay: mark dead: %w", err)
+	var errs []error
+	published, err := MarkPublished(rctx, r.db, owner, StatePending, ok, stamp)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("mark published: %w", err))
+	}
+	for reason, rows := range byReason(dead, batch, results, "publish rejected: ") {
+		if _, err := MarkDead(rctx, r.db, owner, StatePending, rows, stamp, reason); err != nil {
+			errs = append(errs, fmt.Errorf("mark dead: %w", err))
+		}
+	}
+	if stopping {
+		// Shutting down: the broker may never have seen these; give them
+		// back untouched rather than count a failure that was ours.
+		if _, err := Release(rctx, r.db, owner, StatePending, failed); err != nil {
+			errs = append(errs, fmt.Errorf("release: %w", err))
+		}
+	} else {
+		for reason, rows := range byReason(failed, batch, results, "publish failed: ") {
+			if _, err := MarkFailed(rctx, r.db, owner, StatePending, rows, stamp, r.cfg.RetryInitial, r.cfg.RetryMax, 0, reason); err != nil {
+				errs = append(errs, fmt.Errorf("record failure: %w", err))
 			}
-		default:
-			failed++
-			next := stamp + r.retryDelay(c.PublishAttempts+1).Milliseconds()
-			if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET publish_attempts = publish_attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ? WHERE id = ?",
-				next, truncate("publish failed: "+err.Error(), 1024), stamp, c.Message.TaskID); err != nil {
-				return 0, fmt.Errorf("outbox relay: record failure: %w", err)
-			}
 		}
 	}
-	if len(ok) > 0 {
-		q := "UPDATE delay_task SET state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL WHERE id IN (?" +
-			strings.Repeat(",?", len(ok)-1) + ")"
-		args := make([]any, 0, len(ok)+2)
-		args = append(args, stamp, stamp)
-		for _, id := range ok {
-			args = append(args, id)
-		}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return 0, fmt.Errorf("outbox relay: mark published: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("outbox relay: commit: %w", err)
-	}
-	if failed > 0 {
-		r.cfg.Logger.Warn("delaybridge relay: publish failed; rows stay pending", "rows", failed, "err", perr)
+	if len(failed) > 0 && !stopping {
+		r.cfg.Logger.Warn("delaybridge relay: publish failed; rows stay pending and are retried with backoff", "rows", len(failed), "err", perr)
 		if r.cfg.Hooks.Failed != nil {
-			r.cfg.Hooks.Failed(failed)
+			r.cfg.Hooks.Failed(len(failed))
 		}
 	}
-	if dead > 0 {
-		r.cfg.Logger.Error("delaybridge relay: broker rejected rows for good; marked dead", "rows", dead, "err", perr)
+	if len(dead) > 0 {
+		r.cfg.Logger.Error("delaybridge relay: broker rejected rows for good; marked dead", "rows", len(dead), "err", perr)
 		if r.cfg.Hooks.Dead != nil {
-			r.cfg.Hooks.Dead(dead)
+			r.cfg.Hooks.Dead(len(dead))
 		}
 	}
-	if len(ok) > 0 && r.cfg.Hooks.Published != nil {
-		r.cfg.Hooks.Published(len(ok), took)
+	if published > 0 && r.cfg.Hooks.Published != nil {
+		r.cfg.Hooks.Published(int(published), took)
+	}
+	if len(errs) > 0 {
+		// The rows keep their lease and are claimed again when it expires:
+		// at worst published twice, which Handle makes harmless.
+		return len(batch), fmt.Errorf("outbox relay: %w", errors.Join(errs...))
+	}
+	if stopping {
+		return len(batch), ctx.Err()
 	}
 	return len(batch), nil
 }
 
-// retryDelay is the wait before publish attempt n+1 of a row.
-func (r *Relay) retryDelay(n int) time.Duration {
-	d := r.cfg.RetryInitial
-	for i := 1; i < n && d < r.cfg.RetryMax; i++ {
-		d *= 2
+// recordTimeout bounds recording one claim's outcome, which runs on after
+// the caller's context ended.
+const recordTimeout = 10 * time.Second
+
+// byReason groups rows of batch (a subset, sub) by the text of their
+// publish error, so one statement records each distinct reason.
+func byReason(sub, batch []Claimed, results []error, prefix string) map[string][]Claimed {
+	if len(sub) == 0 {
+		return nil
 	}
-	return min(d, r.cfg.RetryMax)
+	idx := make(map[int64]int, len(batch))
+	for i, c := range batch {
+		idx[c.Message.TaskID] = i
+	}
+	out := map[string][]Claimed{}
+	for _, c := range sub {
+		reason := prefix + results[idx[c.Message.TaskID]].Error()
+		out[reason] = append(out[reason], c)
+	}
+	return out
 }

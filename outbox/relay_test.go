@@ -117,7 +117,7 @@ func TestRelay_TwoRelaysRacingPublishEachRowOnce(t *testing.T) {
 }
 
 // cancelAfterPublish cancels the relay's context once the broker confirmed,
-// as a relay killed between publish and commit would be.
+// as a relay told to stop mid-publish would be.
 type cancelAfterPublish struct {
 	broker.Publisher
 	cancel context.CancelFunc
@@ -129,7 +129,24 @@ func (p *cancelAfterPublish) Publish(ctx context.Context, msgs ...*broker.Messag
 	return err
 }
 
-func TestRelay_CrashBetweenPublishAndCommitLeavesRowsPending(t *testing.T) {
+func TestRelay_StoppedMidPublishStillRecordsWhatTheBrokerConfirmed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	for i := range 5 {
+		b.schedule(t, outbox.Task{Topic: "stop", Key: fmt.Sprint(i), DueAt: time.Now()})
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	if _, err := newRelay(t, b, &cancelAfterPublish{mem, cancel}, outbox.RelayConfig{}).Once(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Once = %v, want the context's error", err)
+	}
+	if got := b.count(t, "state = 'published' AND lease_owner = 0"); got != 5 {
+		t.Fatalf("%d rows marked published, want the 5 the broker confirmed", got)
+	}
+}
+
+func TestRelay_CrashMidBatchLeavesRowsPendingUntilTheLeaseExpires(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	mem := memory.New(memory.Config{})
@@ -137,22 +154,28 @@ func TestRelay_CrashBetweenPublishAndCommitLeavesRowsPending(t *testing.T) {
 	for i := range 5 {
 		b.schedule(t, outbox.Task{Topic: "crash", Key: fmt.Sprint(i), DueAt: time.Now()})
 	}
-	ctx, cancel := context.WithCancel(b.ctx)
-	if _, err := newRelay(t, b, &cancelAfterPublish{mem, cancel}, outbox.RelayConfig{}).Once(ctx); err == nil {
-		t.Fatal("Once succeeded although its context ended before the commit")
+	// A relay claims the rows and dies before it records anything.
+	now := time.Now()
+	claimed, err := outbox.ClaimLeased(b.ctx, b.db, outbox.ClaimSpec{State: outbox.StatePending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: outbox.NewLeaseOwner(), LeaseUntil: now.Add(outbox.DefaultLease).UnixMilli()})
+	if err != nil || len(claimed) != 5 {
+		t.Fatalf("claim = %d rows, %v", len(claimed), err)
 	}
 	if got := b.count(t, "state = 'pending' AND publish_attempts = 0"); got != 5 {
 		t.Fatalf("%d rows still pending and untouched, want 5", got)
 	}
-	// The next relay publishes them again: duplicates, never losses.
-	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 5 {
-		t.Fatalf("next relay Once = %d, %v", n, err)
+	// While the lease lasts no other relay takes them...
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 0 {
+		t.Fatalf("relay during the lease: Once = %d, %v; want 0", n, err)
 	}
-	if got := b.count(t, "state = 'published'"); got != 5 {
-		t.Fatalf("%d published, want 5", got)
+	// ...and once it expired the next relay publishes them: duplicates at
+	// worst, never losses.
+	later := func() time.Time { return time.Now().Add(outbox.DefaultLease + time.Second) }
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Now: later}).Once(b.ctx); err != nil || n != 5 {
+		t.Fatalf("relay after the lease: Once = %d, %v; want 5", n, err)
 	}
-	if s := mem.Stats(); s.Published != 10 {
-		t.Fatalf("broker holds %d messages, want 10 (5 duplicates)", s.Published)
+	if got := b.count(t, "state = 'published' AND lease_owner = 0"); got != 5 {
+		t.Fatalf("%d rows published after the lease expired, want 5", got)
 	}
 }
 

@@ -145,7 +145,8 @@ func (o *Outbox) Reschedule(ctx context.Context, q Querier, topic, key string, d
 	now := o.cfg.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task
 SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
-    next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?
+    next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?,
+    lease_owner = 0, rescues = 0, attempts = 0
 WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)

@@ -35,6 +35,14 @@ type Config struct {
 	// (a backlog rescued again and again collapses under its duplicates).
 	// Default 1 minute; negative disables the hold.
 	HoldWhileBehind time.Duration
+	// PublishTimeout bounds one re-publish of a batch. Default 10s.
+	PublishTimeout time.Duration
+	// Lease is how long a rescue owns the rows it claimed before another
+	// scanner may take them. Default 30s; it must outlast PublishTimeout.
+	Lease time.Duration
+	// RetryInitial and RetryMax shape the per-row wait after a failed
+	// re-publish, doubling per failure. Defaults 1s and 5m.
+	RetryInitial, RetryMax time.Duration
 	// PendingAlert flags pending tasks due longer ago than this: the relay
 	// is down or stuck. Default 1 minute.
 	PendingAlert time.Duration
@@ -79,13 +87,13 @@ type Hooks struct {
 // optional business query. It reads only the overdue slice of delay_task
 // through the (state, due_ms) index.
 //
-// Several scanners may run at once: each claim takes its rows with FOR
-// UPDATE SKIP LOCKED inside a transaction and stamps them with the time
-// before which they are not rescued again, so two scanners never rescue the
-// same task in the same round; the business source runs under a named
-// database lock. A scanner killed mid-pass rolls back: its rows keep their
-// stamps and counts and are rescued by the next pass, at worst published
-// twice, which Handle makes harmless.
+// Several scanners may run at once: each claim leases its rows in a short
+// transaction (FOR UPDATE SKIP LOCKED, then a lease stamp, then commit), so
+// two scanners never rescue the same task in the same round and no lock is
+// held while a broker is slow; the business source runs under a named
+// database lock. A scanner killed mid-pass leaves its rows leased; they
+// are rescued again when the lease expires, at worst published twice,
+// which Handle makes harmless.
 type Scanner struct {
 	db  *sql.DB
 	pub broker.Publisher
@@ -118,6 +126,21 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	}
 	if cfg.PendingAlert <= 0 {
 		cfg.PendingAlert = time.Minute
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = outbox.DefaultPublishTimeout
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = max(outbox.DefaultLease, cfg.PublishTimeout+10*time.Second)
+	}
+	if cfg.Lease <= cfg.PublishTimeout {
+		return nil, fmt.Errorf("scanner: Lease %v must be longer than PublishTimeout %v", cfg.Lease, cfg.PublishTimeout)
+	}
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = time.Second
+	}
+	if cfg.RetryMax < cfg.RetryInitial {
+		cfg.RetryMax = max(5*time.Minute, cfg.RetryInitial)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -178,11 +201,18 @@ func (s *Scanner) Run(ctx context.Context) error {
 	return nil
 }
 
-// Rescue runs one claim: published tasks overdue by more than Grace and not
-// due for another rescue yet, oldest first, at most BatchSize of them. It
-// publishes them again for immediate delivery and counts a rescue on each
-// row, in the claim's transaction, only after the broker confirmed. While
-// the previous rescue is still mostly unhandled it rescues nothing (see
+// Rescue runs one claim: published tasks that are overdue by more than
+// Grace and not done, oldest due first, at most BatchSize of them. Overdue
+// counts from the latest of the due time, the last publish and the next
+// attempt a consumer retry recorded, so a task the relay published late or
+// one waiting out a retry backoff is not rescued early. The claim leases
+// the rows and commits before anything is published (outbox.ClaimLeased);
+// the re-publish has PublishTimeout. A confirmed rescue is counted on the
+// row, and the next rescue of it waits Grace, then twice as long after
+// each, up to an hour. A failed re-publish backs off per row too, so rows
+// that keep failing (a deleted topic) never crowd out the rescue of
+// others; one the broker refuses for good goes dead. While the previous
+// rescue is still mostly unhandled it rescues nothing (see
 // Config.HoldWhileBehind).
 func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	s.mu.Lock()
@@ -191,59 +221,80 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	now := s.cfg.Now()
-	tx, err := outbox.BeginClaim(ctx, s.db)
-	if err != nil {
-		return 0, fmt.Errorf("scanner: begin: %w", err)
-	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	// Overdue by more than Grace: due_ms < now - Grace.
-	claimed, err := outbox.Claim(ctx, tx, outbox.StatePublished, now.Add(-s.cfg.Grace).UnixMilli()-1, now.UnixMilli(), s.cfg.BatchSize)
+	cut := now.Add(-s.cfg.Grace).UnixMilli() - 1
+	owner := outbox.NewLeaseOwner()
+	claimed, err := outbox.ClaimLeased(ctx, s.db, outbox.ClaimSpec{
+		State: outbox.StatePublished, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut,
+		Limit: s.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(s.cfg.Lease).UnixMilli(),
+	})
 	if err != nil {
 		return 0, fmt.Errorf("scanner: %w", err)
+	}
+	if len(claimed) == 0 {
+		return 0, nil
 	}
 	msgs := make([]*broker.Message, len(claimed))
 	for i, c := range claimed {
 		msgs[i] = c.Message
 	}
-	if len(claimed) == 0 {
-		return 0, tx.Commit()
-	}
-	results := broker.PublishResults(s.pub.Publish(ctx, msgs...), len(msgs))
-	if ctx.Err() != nil {
-		return 0, ctx.Err()
-	}
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	perr := s.pub.Publish(pctx, msgs...)
+	cancel()
+	results := broker.PublishResults(perr, len(msgs))
+	stopping := ctx.Err() != nil
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
 	stamp := s.cfg.Now().UnixMilli()
-	var ok []any
-	for i, c := range claimed {
-		if results[i] != nil {
-			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; next pass retries", "id", c.Message.TaskID, "err", results[i])
-			continue
-		}
-		ok = append(ok, c.Message.TaskID)
+	ok, failed, dead := outbox.SplitResults(claimed, results)
+	var errs []error
+	rescued, err := outbox.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour)
+	if err != nil {
+		errs = append(errs, err)
 	}
-	rescued := len(ok)
-	if rescued > 0 {
-		// Back off per rescue, so a task whose consumer is down is not
-		// re-published every pass: Grace, 2×Grace, … up to an hour. One
-		// statement for the batch; state is re-checked in it.
-		args := append([]any{stamp, s.cfg.Grace.Milliseconds(), time.Hour.Milliseconds(), stamp, stamp}, ok...)
-		if _, err := tx.ExecContext(ctx, `UPDATE delay_task
-SET next_attempt_ms = ? + LEAST(? << LEAST(rescues, 8), ?), rescues = rescues + 1, published_ms = ?, updated_ms = ?
-WHERE state = 'published' AND id IN (?`+strings.Repeat(",?", rescued-1)+")", args...); err != nil {
-			return 0, fmt.Errorf("scanner: count rescues: %w", err)
+	if len(dead) > 0 {
+		s.cfg.Logger.Error("delaybridge scanner: broker refused a re-publish for good; marked dead", "rows", len(dead), "err", perr)
+		if _, err := outbox.MarkDead(rctx, s.db, owner, outbox.StatePublished, dead, stamp, "rescue rejected: "+firstErr(results)); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("scanner: commit: %w", err)
+	if len(failed) > 0 {
+		if stopping {
+			_, err = outbox.Release(rctx, s.db, owner, outbox.StatePublished, failed)
+		} else {
+			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; those rows back off", "rows", len(failed), "err", perr)
+			// The claim compares next_attempt_ms with now - Grace, so the
+			// backoff is stored less Grace to wait what it says.
+			_, err = outbox.MarkFailed(rctx, s.db, owner, outbox.StatePublished, failed, stamp, s.cfg.RetryInitial, s.cfg.RetryMax, s.cfg.Grace, "rescue failed: "+firstErr(results))
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if rescued > 0 {
-		s.lastIDs, s.lastTime = ok, s.cfg.Now()
+		ids := make([]any, len(ok))
+		for i, c := range ok {
+			ids[i] = c.Message.TaskID
+		}
+		s.lastIDs, s.lastTime = ids, s.cfg.Now()
 		s.cfg.Logger.Info("delaybridge scanner: rescued overdue tasks", "rows", rescued)
 		if s.cfg.Hooks.Rescued != nil {
-			s.cfg.Hooks.Rescued(rescued)
+			s.cfg.Hooks.Rescued(int(rescued))
 		}
 	}
+	if len(errs) > 0 {
+		return len(claimed), fmt.Errorf("scanner: record rescue: %w", errors.Join(errs...))
+	}
 	return len(claimed), nil
+}
+
+// firstErr returns the text of the first non-nil error in errs.
+func firstErr(errs []error) string {
+	for _, e := range errs {
+		if e != nil {
+			return e.Error()
+		}
+	}
+	return ""
 }
 
 // behind reports whether the last rescue is still mostly unhandled and

@@ -217,7 +217,7 @@ applied twice.`,
 			}
 			defer stopHTTP()
 			ccfg := broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log, Hooks: m.consumerHooks(),
-				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic))}
+				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)), OnRetry: outbox.RecordRetry(db)}
 			if handler == "db" && batch > 1 {
 				ccfg.BatchSize = batch
 				ccfg.Batch = func(ctx context.Context, msgs []*broker.Message) error {

@@ -90,7 +90,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return err
 			}
 			consumer, err := broker.NewConsumer(cl.sub, cl.pub, svc.CancelHandler(), broker.ConsumerConfig{
-				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(), DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)),
+				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(), DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)), OnRetry: outbox.RecordRetry(db),
 			})
 			if err != nil {
 				return err

@@ -1,0 +1,224 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// duringPublish runs f while the relay's publish is in flight, then lets
+// the publish go on.
+type duringPublish struct {
+	broker.Publisher
+	f func(ctx context.Context)
+}
+
+func (p *duringPublish) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	p.f(ctx)
+	return p.Publisher.Publish(ctx, msgs...)
+}
+
+// inShortLockWait runs f in a transaction of its own whose lock waits give
+// up after one second, as a payment that must not hang would.
+func (b *bundle) inShortLockWait(ctx context.Context, f func(q outbox.Querier) error) error {
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 1"); err != nil {
+		return err
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// The relay holds no row lock while it publishes: a payment that cancels a
+// task being published, and a reschedule of another, commit at once, and
+// what they did survives the relay's bookkeeping after the confirm.
+func TestRelay_CancelAndRescheduleWhilePublishingWinAndNeverWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	b.schedule(t, outbox.Task{Topic: "flight", Key: "paid", DueAt: time.Now()})
+	b.schedule(t, outbox.Task{Topic: "flight", Key: "moved", DueAt: time.Now()})
+	b.schedule(t, outbox.Task{Topic: "flight", Key: "plain", DueAt: time.Now()})
+	var during []error
+	pub := &duringPublish{Publisher: mem, f: func(ctx context.Context) {
+		during = append(during,
+			b.inShortLockWait(ctx, func(q outbox.Querier) error { return outbox.Cancel(ctx, q, "flight", "paid") }),
+			b.inShortLockWait(ctx, func(q outbox.Querier) error {
+				return outbox.Reschedule(ctx, q, "flight", "moved", time.Now().Add(time.Hour))
+			}))
+	}}
+	if n, err := newRelay(t, b, pub, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 3 {
+		t.Fatalf("Once = %d, %v", n, err)
+	}
+	for _, err := range during {
+		if err != nil {
+			t.Fatalf("a business transaction during the publish failed: %v", err)
+		}
+	}
+	for key, want := range map[string]outbox.State{"paid": outbox.StateCancelled, "moved": outbox.StatePending, "plain": outbox.StatePublished} {
+		info, err := outbox.Get(b.ctx, b.db, "flight", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State != want {
+			t.Errorf("%s: state %s after the relay recorded its publish, want %s", key, info.State, want)
+		}
+		if key == "moved" && (info.Generation != 1 || !info.PublishedAt.IsZero()) {
+			t.Errorf("moved: generation %d, published at %v; the reschedule must win", info.Generation, info.PublishedAt)
+		}
+	}
+}
+
+// A claim whose lease expired (its relay hung) records nothing over the
+// claim that took the row next.
+func TestRelay_ExpiredClaimCannotOverwriteTheNextOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: time.Now()})
+	claim := func(owner int64, now time.Time) []outbox.Claimed {
+		c, err := outbox.ClaimLeased(b.ctx, b.db, outbox.ClaimSpec{State: outbox.StatePending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+			PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
+		if err != nil || len(c) != 1 {
+			t.Fatalf("claim by %d: %d rows, %v", owner, len(c), err)
+		}
+		return c
+	}
+	hung := claim(1, time.Now())
+	next := claim(2, time.Now().Add(2*time.Minute))
+	// The hung relay wakes up and records a failure; the next owner then
+	// records its confirm.
+	if n, err := outbox.MarkFailed(b.ctx, b.db, 1, outbox.StatePending, hung, time.Now().UnixMilli(), time.Hour, time.Hour, 0, "publish failed: late"); err != nil || n != 0 {
+		t.Fatalf("the expired claim changed %d rows (%v), want 0", n, err)
+	}
+	if n, err := outbox.MarkPublished(b.ctx, b.db, 2, outbox.StatePending, next, time.Now().UnixMilli()); err != nil || n != 1 {
+		t.Fatalf("the current owner marked %d rows (%v), want 1", n, err)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "lease", "k"); info.State != outbox.StatePublished || info.LastError != "" {
+		t.Fatalf("after both: state %s, last error %q", info.State, info.LastError)
+	}
+}
+
+// A broker that hangs fails the batch at PublishTimeout; the rows back off
+// and nothing stays locked.
+func TestRelay_HungBrokerFailsTheBatchAtPublishTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "hung", Key: "k", DueAt: time.Now()})
+	hang := &duringPublish{Publisher: memory.New(memory.Config{}), f: func(ctx context.Context) { <-ctx.Done() }}
+	start := time.Now()
+	if _, err := newRelay(t, b, hang, outbox.RelayConfig{PublishTimeout: 200 * time.Millisecond}).Once(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Once took %v with a 200ms publish timeout", took)
+	}
+	if got := b.count(t, "state = 'pending' AND lease_owner = 0 AND publish_attempts = 1 AND last_error LIKE 'publish failed:%'"); got != 1 {
+		t.Fatalf("%d rows recorded the failure, want 1", got)
+	}
+	if err := b.inShortLockWait(b.ctx, func(q outbox.Querier) error { return outbox.Cancel(b.ctx, q, "hung", "k") }); err != nil {
+		t.Fatalf("cancel after a hung publish: %v", err)
+	}
+}
+
+func TestNewRelay_RefusesALeaseShorterThanThePublishTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := outbox.NewRelay(b.db, memory.New(memory.Config{}), outbox.RelayConfig{PublishTimeout: time.Minute, Lease: 30 * time.Second})
+	if err == nil {
+		t.Fatal("NewRelay accepted a lease shorter than the publish timeout")
+	}
+}
+
+// A late copy of an old message never kills the new task of its key.
+func TestDeadLetter_NamesTheTaskByIDAndChecksItAgainstTheRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.order(t, "reused", time.Now())
+	if _, err := outbox.Handle(b.ctx, b.db, old, cancelOrder("reused")); err != nil {
+		t.Fatal(err)
+	}
+	// The cleaner deleted the done task, and the key was scheduled again.
+	if _, err := b.db.Exec("DELETE FROM delay_task WHERE id = ?", old.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	fresh := b.schedule(t, outbox.Task{Topic: "order-cancel", Key: "reused", DueAt: time.Now()})
+	dl := outbox.DeadLetter(b.db, nil)
+	if err := dl.Dead(b.ctx, &broker.Delivery{Message: old}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
+	}
+	// Reasons that are about the delivery, not the task, never mark a row,
+	// even one the message names exactly.
+	same := &broker.Message{TaskID: fresh, Topic: "order-cancel", Key: "reused", DeliverAt: time.Now()}
+	for _, reason := range []error{broker.ErrTooFar, broker.ErrWrongTopic, &broker.EnvelopeError{Header: "x", Reason: "y"}} {
+		if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, reason); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StatePending {
+		t.Fatalf("the new task is %s after dead letters meant for others, want pending", info.State)
+	}
+	if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StateDead {
+		t.Fatalf("the task is %s after its own handler gave up, want dead", info.State)
+	}
+}
+
+func TestSchedule_DueBefore2000UTCIsRefusedInAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	plusOne := time.FixedZone("+01:00", 3600)
+	due := time.Date(2000, 1, 1, 0, 30, 0, 0, plusOne) // 1999-12-31T23:30Z
+	_, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "bound", Key: "k", DueAt: due})
+	if !errors.Is(err, outbox.ErrInvalidDue) {
+		t.Fatalf("Schedule(%v) = %v, want ErrInvalidDue", due, err)
+	}
+	if b.count(t, "topic = 'bound'") != 0 {
+		t.Fatal("a refused task was written")
+	}
+	if err := (&broker.Message{Topic: "bound", Key: "k", DeliverAt: due}).Validate(); !errors.Is(err, broker.ErrInvalidMessage) {
+		t.Fatalf("Message.Validate(%v) = %v, want ErrInvalidMessage", due, err)
+	}
+}
+
+func TestReschedule_ResetsTheRescueBackoffAndAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "reset", Key: "k", DueAt: time.Now()})
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'published', rescues = 8, attempts = 5, lease_owner = 7 WHERE task_key = 'k'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "reset", "k", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0 AND lease_owner = 0 AND next_attempt_ms = 0"); got != 1 {
+		t.Fatal("Reschedule kept the old rescue count, attempts or lease")
+	}
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'dead', rescues = 8, attempts = 5 WHERE task_key = 'k'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Replay(b.ctx, b.db, "reset", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0"); got != 1 {
+		t.Fatal("Replay kept the old rescue count or attempts")
+	}
+}

@@ -1,0 +1,110 @@
+package scanner_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// Rows whose re-publish keeps failing (their topic was deleted) are older
+// than a lost task and would fill every batch of an oldest-first claim:
+// their per-row backoff lets the lost task through.
+func TestScanner_FailingRowsOlderThanALostTaskNeverStopItsRescue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i, key := range []string{"gone-1", "gone-2", "gone-3"} {
+		b.task(t, key, outbox.StatePublished, time.Now().Add(-time.Hour+time.Duration(i)*time.Second))
+	}
+	b.task(t, "lost", outbox.StatePublished, time.Now().Add(-time.Minute))
+	gone := errors.New("topic not found")
+	var rescued []string
+	pub := publishFunc(func(_ context.Context, msgs ...*broker.Message) error {
+		pe := &broker.PublishError{Failed: map[int]error{}}
+		for i, m := range msgs {
+			if m.Key == "lost" {
+				rescued = append(rescued, m.Key)
+				continue
+			}
+			pe.Failed[i] = gone
+		}
+		if len(pe.Failed) == 0 {
+			return nil
+		}
+		return pe
+	})
+	s := b.scanner(t, pub, scanner.Config{BatchSize: 2, RetryInitial: time.Minute})
+	for range 3 {
+		if _, err := s.Rescue(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rescued) != 1 {
+		t.Fatalf("the lost task was rescued %d times in 3 passes behind failing rows, want once", len(rescued))
+	}
+	var got int
+	if err := b.db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE task_key LIKE 'gone-%' AND last_error LIKE 'rescue failed: topic not found%' AND publish_attempts = 1 AND next_attempt_ms > ?",
+		time.Now().Add(30*time.Second).UnixMilli()).Scan(&got); err != nil || got != 3 {
+		t.Fatalf("%d failing rows carry their failure and a backoff (%v), want 3", got, err)
+	}
+}
+
+func TestScanner_RefusedForGoodGoesDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.task(t, "refused", outbox.StatePublished, time.Now().Add(-time.Minute))
+	pub := publishFunc(func(context.Context, ...*broker.Message) error { return broker.ErrRejected })
+	if _, err := b.scanner(t, pub, scanner.Config{}).Rescue(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "scan", "refused"); info.State != outbox.StateDead {
+		t.Fatalf("state %s after the broker refused the rescue for good, want dead", info.State)
+	}
+}
+
+// Overdue counts from the latest of due, published and next attempt.
+func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := time.Now().Add(-time.Hour)
+	b.task(t, "published-late", outbox.StatePublished, old)
+	if _, err := b.db.Exec("UPDATE delay_task SET published_ms = ? WHERE task_key = 'published-late'", time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	b.task(t, "retrying", outbox.StatePublished, old)
+	info, err := outbox.Get(b.ctx, b.db, "scan", "retrying")
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := &broker.Message{TaskID: info.ID, Topic: "scan", Key: "retrying", Attempt: 4, DeliverAt: time.Now().Add(30 * time.Second)}
+	if err := outbox.RecordRetry(b.db)(b.ctx, retry, errors.New("payment service down")); err != nil {
+		t.Fatal(err)
+	}
+	s := b.scanner(t, b.mem, scanner.Config{Grace: 5 * time.Second})
+	if n, err := s.Rescue(b.ctx); err != nil || n != 0 {
+		t.Fatalf("Rescue = %d, %v; a task published just now and one waiting out a retry are not overdue", n, err)
+	}
+	// Once the retry is overdue too, the rescue carries its attempt, so
+	// MaxAttempts still counts.
+	later := func() time.Time { return time.Now().Add(time.Minute) }
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	ch, err := b.mem.Subscribe(ctx, "scan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: 5 * time.Second, Now: later}).Rescue(b.ctx); err != nil || n != 2 {
+		t.Fatalf("Rescue a minute later = %d, %v; want both", n, err)
+	}
+	for range 2 {
+		d := <-ch
+		if d.Message.Key == "retrying" && d.Message.Attempt != 4 {
+			t.Fatalf("rescued on attempt %d, want the recorded 4", d.Message.Attempt)
+		}
+		_ = d.Acker.Ack()
+	}
+}
