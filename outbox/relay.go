@@ -32,7 +32,9 @@ type RelayConfig struct {
 	// Defaults 20ms and 1s.
 	IdleMin, IdleMax time.Duration
 	// RetryInitial and RetryMax shape the per-row delay after a transient
-	// publish failure. Defaults 1s and 5m.
+	// publish failure, doubling per failure. Defaults 1s and 30s: after a
+	// broker outage every row is tried again within 30s of the broker's
+	// return, and a row that keeps failing costs one publish per 30s.
 	RetryInitial, RetryMax time.Duration
 	// PublishTimeout bounds one batch's publish: a broker that is down or
 	// blocked (a memory alarm) fails the batch then, and its rows are
@@ -77,7 +79,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.RetryInitial = time.Second
 	}
 	if c.RetryMax < c.RetryInitial {
-		c.RetryMax = max(5*time.Minute, c.RetryInitial)
+		c.RetryMax = max(30*time.Second, c.RetryInitial)
 	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = DefaultPublishTimeout

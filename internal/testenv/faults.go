@@ -97,6 +97,24 @@ func RocketStopBroker(t testing.TB, sig syscall.Signal) {
 	waitPortClosed(t, RocketBrokerAddr(), time.Minute)
 }
 
+// RocketFreezeBroker stops the RocketMQ broker's process (SIGSTOP) for d
+// and lets it go on (SIGCONT): a broker that hangs, its connections open
+// and silent, as in a long GC pause or a network black hole. It returns
+// after SIGCONT; a cleanup sends SIGCONT too, should the test stop early.
+func RocketFreezeBroker(t testing.TB, d time.Duration) {
+	t.Helper()
+	pidfile := filepath.Join(moduleRoot(t), ".services", "rocketmq", "broker.pid")
+	pid := readPid(t, pidfile, "org.apache.rocketmq.broker.BrokerStartup")
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP to RocketMQ broker pid %d: %v", pid, err)
+	}
+	time.Sleep(d)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT to RocketMQ broker pid %d: %v", pid, err)
+	}
+}
+
 // MariaDBRestart shuts MariaDB down cleanly and starts it again through
 // scripts/services.sh.
 func MariaDBRestart(t testing.TB) {
