@@ -174,28 +174,39 @@ func TestPayRace_NeverCancelsAPaidOrderNorLeavesAnUnpaidOne(t *testing.T) {
 		msg := b.order(t, id, time.Now())
 		var wg sync.WaitGroup
 		var paid bool
+		var outcome outbox.Outcome
 		var payErr, handleErr error
 		wg.Add(2)
 		go func() { defer wg.Done(); paid, payErr = pay(b.ctx, b.db, id) }()
 		go func() {
 			defer wg.Done()
-			_, handleErr = outbox.Handle(b.ctx, b.db, msg, cancelOrder(id))
+			outcome, handleErr = outbox.Handle(b.ctx, b.db, msg, cancelOrder(id))
 		}()
 		wg.Wait()
 		if payErr != nil || handleErr != nil {
 			t.Fatalf("round %d: pay %v, handle %v", i, payErr, handleErr)
 		}
+		// The handler's "if unpaid" keeps a paid order paid on its own;
+		// Handle's outcome and the task's state show whether Handle let a
+		// cancelled task run.
 		status, cancels := b.orderRow(t, id)
+		info, err := outbox.Get(b.ctx, b.db, "order-cancel", id)
+		if err != nil {
+			t.Fatal(err)
+		}
 		switch {
-		case paid && status == "PAID" && cancels == 0:
+		case paid && status == "PAID" && cancels == 0 && outcome == outbox.SkippedCancelled && info.State == outbox.StateCancelled:
 			paidWins++
-		case !paid && status == "CANCELLED" && cancels == 1:
+		case !paid && status == "CANCELLED" && cancels == 1 && outcome == outbox.Handled && info.State == outbox.StateDone:
 			cancelWins++
 		default:
-			t.Fatalf("round %d: paid=%v but order is %s with %d cancels", i, paid, status, cancels)
+			t.Fatalf("round %d: paid=%v but order is %s with %d cancels, Handle %v, task %s", i, paid, status, cancels, outcome, info.State)
 		}
 	}
 	t.Logf("payment won %d rounds, timeout won %d", paidWins, cancelWins)
+	if paidWins == 0 {
+		t.Fatal("the payment never won: Handle's cancelled check went untested")
+	}
 }
 
 func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
