@@ -88,13 +88,19 @@ func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
 	}
 }
 
-func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
+func TestHandle_SkipsCancelledDeadStaleAndMissing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	never := func(ctx context.Context, tx *sql.Tx) error { t.Error("fn ran"); return nil }
 
 	cancelled := b.order(t, "cancelled", time.Now())
 	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	// A message the runtime gave up on, marked dead, then delivered again
+	// (a redelivery, or a copy the scanner rescued before it died).
+	dead := b.order(t, "dead", time.Now())
+	if err := outbox.DeadLetter(b.db, nil).Dead(b.ctx, &broker.Delivery{Message: dead}, errors.New("failed 10 attempts")); err != nil {
 		t.Fatal(err)
 	}
 	stale := b.order(t, "stale", time.Now())
@@ -105,10 +111,15 @@ func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
 	for _, tc := range []struct {
 		msg  *broker.Message
 		want outbox.Outcome
-	}{{cancelled, outbox.SkippedCancelled}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
+	}{{cancelled, outbox.SkippedCancelled}, {dead, outbox.SkippedDead}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
 		if got, err := outbox.Handle(b.ctx, b.db, tc.msg, never); err != nil || got != tc.want {
 			t.Errorf("%s: Handle = %v, %v; want %v", tc.msg.Key, got, err, tc.want)
 		}
+	}
+	if info, err := outbox.Get(b.ctx, b.db, "order-cancel", "dead"); err != nil {
+		t.Error(err)
+	} else if info.State != outbox.StateDead {
+		t.Errorf("the dead task is %s after Handle; want still dead, for Replay", info.State)
 	}
 	// The rescheduled task's new generation does run.
 	fresh := *stale
