@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,6 +203,35 @@ func TestConsumer_HeldEarlyMessageDoesNotBlockDueOnes(t *testing.T) {
 	}
 }
 
+func TestConsumer_NeverRunsAMessageEarlyWhenTheClockStepsBack(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	// The consumer's wall clock steps back 300ms (an NTP correction) right
+	// after the message was dispatched as due: the worker then finds it
+	// early, inside the hold window, and must wait it out before running it.
+	var calls atomic.Int64
+	now := func() time.Time {
+		if calls.Add(1) == 1 {
+			return time.Now()
+		}
+		return time.Now().Add(-300 * time.Millisecond)
+	}
+	ran := make(chan time.Duration, 1)
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		ran <- now().Sub(m.DeliverAt)
+		return nil
+	}, broker.ConsumerConfig{Now: now})
+	bd.publish(t, "k", time.Now())
+	select {
+	case late := <-ran:
+		if late < 0 {
+			t.Fatalf("handled %v before its due time by the consumer's clock", -late)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("never handled")
+	}
+}
+
 func TestConsumer_DefaultDeadLetterPublishesToDeadTopic(t *testing.T) {
 	t.Parallel()
 	bd := setup(t, memory.Config{})
@@ -233,22 +263,58 @@ func TestConsumer_DefaultDeadLetterPublishesToDeadTopic(t *testing.T) {
 	_ = d.Acker.Ack()
 }
 
-func TestConsumer_CloseLeavesNoGoroutines(t *testing.T) {
+func TestConsumer_CloseGivesBackAHeldMessageAndLeavesNoGoroutines(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	b := memory.New(memory.Config{})
-	c, err := broker.NewConsumer(b, b, func(context.Context, *broker.Message) error { return nil }, broker.ConsumerConfig{Logger: quiet()})
+	// Every hop arrives a minute early, inside the hold window (twice the
+	// precision), so the consumer holds it in memory on a timer.
+	b := memory.New(memory.Config{Limits: broker.Limits{Precision: time.Minute}, Early: time.Minute})
+	handled := make(chan string, 2)
+	c, err := broker.NewConsumer(b, b, func(_ context.Context, m *broker.Message) error {
+		handled <- m.Key
+		return nil
+	}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(context.Background(), "a", "b"); err != nil {
 		t.Fatal(err)
 	}
-	// One held message, so Close has a timer to stop and a delivery to give back.
-	if err := b.Publish(context.Background(), &broker.Message{Topic: "a", Key: "held", DeliverAt: time.Now().Add(3 * time.Second)}); err != nil {
+	if err := b.Publish(context.Background(), &broker.Message{Topic: "a", Key: "held", DeliverAt: time.Now().Add(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Close(context.Background()); err != nil {
+	// One topic's deliveries are dispatched in order, and the only worker
+	// is free only if the early one was parked on a timer rather than
+	// waited out by the worker: once the due message behind it reached the
+	// handler, the early one is held.
+	if err := b.Publish(context.Background(), &broker.Message{Topic: "a", Key: "due", DeliverAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case key := <-handled:
+		if key != "due" {
+			t.Fatalf("handled %q first, want the due message", key)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the due message never ran: the early one was not held but took the only worker")
+	}
+	eventually(t, "the due message acked", func() bool { return b.Stats().Acked == 1 })
+	if s := b.Stats(); s.Delivered != 2 {
+		t.Fatalf("stats %+v, want both messages delivered", s)
+	}
+	// Close must stop the held message's timer and give the delivery back
+	// rather than wait out its minute.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case key := <-handled:
+		t.Fatalf("handled %q after Close", key)
+	default:
+	}
+	if s, ready := b.Stats(), b.Ready("a"); s.Acked != 1 || ready != 1 {
+		t.Fatalf("after Close: stats %+v, %d ready on a; want the held message given back, unacked", s, ready)
 	}
 	if err := c.Start(context.Background(), "a"); !errors.Is(err, broker.ErrClosed) {
 		t.Fatalf("Start after Close = %v, want ErrClosed", err)

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,9 +26,10 @@ type flow struct {
 	topic string
 	ctx   context.Context
 
-	mu      sync.Mutex
-	handled map[string]time.Time // first successful Handle per key
-	runs    atomic.Int64
+	mu       sync.Mutex
+	handled  map[string]time.Time        // first successful Handle per key
+	outcomes map[string][]outbox.Outcome // every Handle that returned nil, per key
+	runs     atomic.Int64
 }
 
 func newFlow(t testing.TB) *flow {
@@ -41,7 +43,8 @@ func newFlow(t testing.TB) *flow {
   effects INT NOT NULL DEFAULT 0, paid INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
 		t.Fatal(err)
 	}
-	return &flow{db: db, ctx: ctx, topic: testenv.Name("flow"), handled: map[string]time.Time{}}
+	return &flow{db: db, ctx: ctx, topic: testenv.Name("flow"), handled: map[string]time.Time{},
+		outcomes: map[string][]outbox.Outcome{}}
 }
 
 // order writes an unpaid order and its cancellation task in one transaction.
@@ -76,12 +79,15 @@ func (f *flow) handler(t testing.TB) broker.Handler {
 			_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
 			return err
 		})
-		if err == nil && o == outbox.Handled {
+		if err == nil {
 			f.mu.Lock()
-			if _, dup := f.handled[m.Key]; dup {
-				t.Errorf("%s handled twice", m.Key)
+			f.outcomes[m.Key] = append(f.outcomes[m.Key], o)
+			if o == outbox.Handled {
+				if _, dup := f.handled[m.Key]; dup {
+					t.Errorf("%s handled twice", m.Key)
+				}
+				f.handled[m.Key] = now
 			}
-			f.handled[m.Key] = now
 			f.mu.Unlock()
 		}
 		return err
@@ -251,7 +257,7 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 		}
 		// Pay every order at a moment spread around its due time.
 		var wg sync.WaitGroup
-		var paid atomic.Int64
+		var paid, lost atomic.Int64
 		for i := range n {
 			wg.Add(1)
 			go func() {
@@ -264,17 +270,35 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 				}
 				defer tx.Rollback() //nolint:errcheck
 				id := fmt.Sprintf("p-%d", i)
-				if err := outbox.Cancel(f.ctx, tx, f.topic, id); err != nil {
-					return // the timeout won
+				// Only ErrFinished means the timeout won; a lock wait
+				// timeout or a lost connection is a failure of the test.
+				if err := outbox.Cancel(f.ctx, tx, f.topic, id); errors.Is(err, outbox.ErrFinished) {
+					lost.Add(1)
+					return
+				} else if err != nil {
+					t.Errorf("%s: Cancel: %v", id, err)
+					return
 				}
-				if res, err := tx.Exec("UPDATE orders SET status = 'PAID', paid = 1 WHERE id = ? AND status = 'UNPAID'", id); err == nil {
-					if k, _ := res.RowsAffected(); k == 1 && tx.Commit() == nil {
-						paid.Add(1)
-					}
+				res, err := tx.Exec("UPDATE orders SET status = 'PAID', paid = 1 WHERE id = ? AND status = 'UNPAID'", id)
+				if err != nil {
+					t.Errorf("%s: pay: %v", id, err)
+					return
 				}
+				if k, _ := res.RowsAffected(); k != 1 {
+					t.Errorf("%s: its task was cancellable but the order was no longer unpaid", id)
+					return
+				}
+				if err := tx.Commit(); err != nil {
+					t.Errorf("%s: commit: %v", id, err)
+					return
+				}
+				paid.Add(1)
 			}()
 		}
 		wg.Wait()
+		if paid.Load()+lost.Load() != n {
+			t.Fatalf("%d payments went through, %d lost to the timeout, of %d", paid.Load(), lost.Load(), n)
+		}
 		deadline := time.Now().Add(30 * time.Second)
 		for f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'UNPAID'") > 0 {
 			if time.Now().After(deadline) {
@@ -282,13 +306,64 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if bad := f.count(t, "SELECT COUNT(*) FROM orders WHERE paid = 1 AND status <> 'PAID'"); bad != 0 {
-			t.Fatalf("%d paid orders were cancelled", bad)
+		// Wait for every published message to reach Handle, those of paid
+		// orders included: they are the ones Handle must skip.
+		infos := make(map[string]*outbox.Info, n)
+		for i := range n {
+			id := fmt.Sprintf("p-%d", i)
+			for {
+				f.mu.Lock()
+				arrived := len(f.outcomes[id]) > 0
+				f.mu.Unlock()
+				info, err := outbox.Get(f.ctx, f.db, f.topic, id)
+				if err != nil {
+					t.Fatalf("%s: Get: %v", id, err)
+				}
+				if arrived || info.PublishedAt.IsZero() {
+					infos[id] = info
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s was published but its message never reached Handle", id)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		reached := 0 // paid orders whose message reached Handle
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for id, info := range infos {
+			var status string
+			if err := f.db.QueryRow("SELECT status FROM orders WHERE id = ?", id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			handled := 0
+			for _, o := range f.outcomes[id] {
+				if o == outbox.Handled {
+					handled++
+				}
+			}
+			if status == "PAID" && len(f.outcomes[id]) > 0 {
+				reached++
+			}
+			switch {
+			case status == "PAID" && (info.State != outbox.StateCancelled || handled != 0):
+				t.Errorf("%s is paid but its task is %s and the timeout ran %d times (outcomes %v)", id, info.State, handled, f.outcomes[id])
+			case status == "CANCELLED" && (info.State != outbox.StateDone || handled != 1):
+				t.Errorf("%s was cancelled by the timeout but its task is %s, handled %d times (outcomes %v)", id, info.State, handled, f.outcomes[id])
+			case status != "PAID" && status != "CANCELLED":
+				t.Errorf("%s is %s", id, status)
+			}
 		}
 		if got := f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"); int64(got) != paid.Load() {
 			t.Fatalf("%d orders PAID, %d payments went through", got, paid.Load())
 		}
-		t.Logf("%s: %d paid, %d cancelled by the timeout", ad.name, paid.Load(), n-int(paid.Load()))
+		// Without a paid order whose message reached Handle afterwards, the
+		// race never tested Handle's cancelled check.
+		if reached == 0 {
+			t.Fatalf("no message of a paid order reached Handle: the race did not happen (%d paid)", paid.Load())
+		}
+		t.Logf("%s: %d paid (%d of their messages reached Handle), %d cancelled by the timeout", ad.name, paid.Load(), reached, lost.Load())
 	})
 }
 

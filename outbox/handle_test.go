@@ -88,13 +88,19 @@ func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
 	}
 }
 
-func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
+func TestHandle_SkipsCancelledDeadStaleAndMissing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	never := func(ctx context.Context, tx *sql.Tx) error { t.Error("fn ran"); return nil }
 
 	cancelled := b.order(t, "cancelled", time.Now())
 	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	// A message the runtime gave up on, marked dead, then delivered again
+	// (a redelivery, or a copy the scanner rescued before it died).
+	dead := b.order(t, "dead", time.Now())
+	if err := outbox.DeadLetter(b.db, nil).Dead(b.ctx, &broker.Delivery{Message: dead}, errors.New("failed 10 attempts")); err != nil {
 		t.Fatal(err)
 	}
 	stale := b.order(t, "stale", time.Now())
@@ -105,10 +111,15 @@ func TestHandle_SkipsCancelledStaleAndMissing(t *testing.T) {
 	for _, tc := range []struct {
 		msg  *broker.Message
 		want outbox.Outcome
-	}{{cancelled, outbox.SkippedCancelled}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
+	}{{cancelled, outbox.SkippedCancelled}, {dead, outbox.SkippedDead}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
 		if got, err := outbox.Handle(b.ctx, b.db, tc.msg, never); err != nil || got != tc.want {
 			t.Errorf("%s: Handle = %v, %v; want %v", tc.msg.Key, got, err, tc.want)
 		}
+	}
+	if info, err := outbox.Get(b.ctx, b.db, "order-cancel", "dead"); err != nil {
+		t.Error(err)
+	} else if info.State != outbox.StateDead {
+		t.Errorf("the dead task is %s after Handle; want still dead, for Replay", info.State)
 	}
 	// The rescheduled task's new generation does not run before its new
 	// due time, whatever its message says, and runs once that has come.
@@ -183,28 +194,39 @@ func TestPayRace_NeverCancelsAPaidOrderNorLeavesAnUnpaidOne(t *testing.T) {
 		msg := b.order(t, id, time.Now())
 		var wg sync.WaitGroup
 		var paid bool
+		var outcome outbox.Outcome
 		var payErr, handleErr error
 		wg.Add(2)
 		go func() { defer wg.Done(); paid, payErr = pay(b.ctx, b.db, id) }()
 		go func() {
 			defer wg.Done()
-			_, handleErr = outbox.Handle(b.ctx, b.db, msg, cancelOrder(id))
+			outcome, handleErr = outbox.Handle(b.ctx, b.db, msg, cancelOrder(id))
 		}()
 		wg.Wait()
 		if payErr != nil || handleErr != nil {
 			t.Fatalf("round %d: pay %v, handle %v", i, payErr, handleErr)
 		}
+		// The handler's "if unpaid" keeps a paid order paid on its own;
+		// Handle's outcome and the task's state show whether Handle let a
+		// cancelled task run.
 		status, cancels := b.orderRow(t, id)
+		info, err := outbox.Get(b.ctx, b.db, "order-cancel", id)
+		if err != nil {
+			t.Fatal(err)
+		}
 		switch {
-		case paid && status == "PAID" && cancels == 0:
+		case paid && status == "PAID" && cancels == 0 && outcome == outbox.SkippedCancelled && info.State == outbox.StateCancelled:
 			paidWins++
-		case !paid && status == "CANCELLED" && cancels == 1:
+		case !paid && status == "CANCELLED" && cancels == 1 && outcome == outbox.Handled && info.State == outbox.StateDone:
 			cancelWins++
 		default:
-			t.Fatalf("round %d: paid=%v but order is %s with %d cancels", i, paid, status, cancels)
+			t.Fatalf("round %d: paid=%v but order is %s with %d cancels, Handle %v, task %s", i, paid, status, cancels, outcome, info.State)
 		}
 	}
 	t.Logf("payment won %d rounds, timeout won %d", paidWins, cancelWins)
+	if paidWins == 0 {
+		t.Fatal("the payment never won: Handle's cancelled check went untested")
+	}
 }
 
 func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {

@@ -2,6 +2,7 @@ package ordertimeout_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
@@ -37,7 +38,20 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { _ = relay.Run(ctx) }()
-	c, err := broker.NewConsumer(mem, mem, svc.CancelHandler(), broker.ConsumerConfig{Logger: log, DeadLetter: outbox.DeadLetter(db, nil)})
+	// Count the deliveries the cancel handler settled, so the test can wait
+	// for the messages of paid orders too: those are the ones Handle skips.
+	cancelHandler := svc.CancelHandler()
+	var settledMu sync.Mutex
+	settled := map[string]int{}
+	c, err := broker.NewConsumer(mem, mem, func(ctx context.Context, m *broker.Message) error {
+		err := cancelHandler(ctx, m)
+		if err == nil {
+			settledMu.Lock()
+			settled[m.Key]++
+			settledMu.Unlock()
+		}
+		return err
+	}, broker.ConsumerConfig{Logger: log, DeadLetter: outbox.DeadLetter(db, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +101,50 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 	}
 	if r.Paid != paid || r.Paid+r.Cancelled != n || r.WronglyCancelled != 0 || r.LeftUnpaid != 0 || !r.StockOK || r.Early != 0 {
 		t.Fatalf("report %+v (payments that went through: %d)", r, paid)
+	}
+	// The handler only cancels unpaid orders, so the report above holds
+	// even when Handle runs it for a cancelled task. The task's state does
+	// not: a payment cancels the task, and that task must never end done.
+	reached := 0 // paid orders whose message reached the handler after the payment
+	for i := range n {
+		id := fmt.Sprintf("order-%d", i)
+		info := settledTask(t, db, id, func() bool { settledMu.Lock(); defer settledMu.Unlock(); return settled[id] > 0 }, deadline)
+		var status string
+		if err := db.QueryRow("SELECT status FROM demo_orders WHERE id = ?", id).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]outbox.State{"PAID": outbox.StateCancelled, "CANCELLED": outbox.StateDone}[status]; info.State != want {
+			t.Errorf("%s is %s but its task is %s, want %s", id, status, info.State, want)
+		}
+		if status == "PAID" && !info.PublishedAt.IsZero() {
+			reached++
+		}
+	}
+	if reached == 0 {
+		t.Fatal("no message of a paid order reached the handler: the pay/timeout race did not happen")
+	}
+	t.Logf("%d paid, %d of them after their message was published", paid, reached)
+}
+
+// settledTask waits until the task of order id is either unpublished or
+// its message was settled by the consumer (arrived reports that), then
+// returns the task as it is then.
+func settledTask(t *testing.T, db *sql.DB, id string, arrived func() bool, deadline time.Time) *outbox.Info {
+	t.Helper()
+	for {
+		// arrived before Get: the state read is the one Handle committed.
+		done := arrived()
+		info, err := outbox.Get(context.Background(), db, ordertimeout.Topic, id)
+		if err != nil {
+			t.Fatalf("%s: Get: %v", id, err)
+		}
+		if done || info.PublishedAt.IsZero() {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: its task was published but the message never reached the handler", id)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
