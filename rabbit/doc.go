@@ -30,6 +30,7 @@
 // The topology, declared idempotently by both Publisher and Subscriber
 // under Config.Prefix:
 //
+//	<prefix>.entry       direct exchange: <prefix>.delay.<k> → that queue; where delayed messages enter
 //	<prefix>.delay.<k>   quorum queue, TTL Unit×2^k, DLX <prefix>.ladder.<k−1> (level 0: <prefix>.deliver), x-max-length guard
 //	<prefix>.ladder.<k>  headers exchange: dlbl-<k>=1 → <prefix>.delay.<k>; alternate exchange: the next one down
 //	<prefix>.deliver     direct exchange: <topic> → <prefix>.q.<topic>; alternate exchange <prefix>.parking

@@ -14,10 +14,17 @@ import (
 // Level k (0 ≤ k < Depth) is a quorum queue <prefix>.delay.<k> whose one
 // queue-wide TTL is Unit × 2^k, so within a level expiry order is arrival
 // order and nothing blocks behind a longer delay. A delay of n units, with
-// highest set bit top, is published through the default exchange straight
-// into <prefix>.delay.<top>, carrying a header dlbl-<k> = "1" for each
-// other set bit k of n, and the topic as a second routing key in the CC
-// header. Each queue dead-letters (at-least-once, keeping the message's
+// highest set bit top, is published to the direct entry exchange
+// <prefix>.entry with the routing key <prefix>.delay.<top>, which is bound
+// to that queue alone, carrying a header dlbl-<k> = "1" for each other set
+// bit k of n, and the topic as a second routing key in the CC header. The
+// entry exchange has no binding a topic can match (binding keys contain
+// '.', topics cannot), so the CC key goes nowhere until the message reaches
+// the delivery exchange; through the default exchange it would copy the
+// message into any queue of the vhost named like the topic, and every
+// publisher would need write access to amq.default. A message due in less
+// than one unit goes to the delivery exchange at once. So publishers need
+// no permission outside the prefix. Each queue dead-letters (at-least-once, keeping the message's
 // routing keys) to the next level's headers exchange <prefix>.ladder.<k−1>,
 // which routes a message with dlbl-<k−1>=1 to its queue; any other message
 // it cannot route, so its alternate exchange, the exchange below it, takes
@@ -46,6 +53,7 @@ type topology struct {
 func (t topology) levelExchange(k int) string { return fmt.Sprintf("%s.ladder.%d", t.cfg.Prefix, k) }
 func (t topology) levelQueue(k int) string    { return fmt.Sprintf("%s.delay.%d", t.cfg.Prefix, k) }
 func (t topology) deliveryExchange() string   { return t.cfg.Prefix + ".deliver" }
+func (t topology) entryExchange() string      { return t.cfg.Prefix + ".entry" }
 func (t topology) parkingExchange() string    { return t.cfg.Prefix + ".parking" }
 func (t topology) parkingQueue() string       { return t.cfg.Prefix + ".parked" }
 func (t topology) delayedExchange() string    { return t.cfg.Prefix + ".delayed" }
@@ -94,15 +102,16 @@ func (t topology) units(d time.Duration) uint64 {
 }
 
 // ladderRoute says how to publish a message of topic delayed by d: to
-// queue through the default exchange. When n, the delay in units, is not
-// zero, queue is the entry level's and the message needs setBits and the
-// topic as a CC routing key; for less than one unit it is the topic's queue.
-func (t topology) ladderRoute(d time.Duration, topic string) (queue string, n uint64) {
+// exchange with key. When n, the delay in units, is not zero, that is the
+// entry exchange with the entry level's queue name as the key, and the
+// message needs setBits and the topic as a CC routing key; for less than
+// one unit it is the delivery exchange with the topic as the key.
+func (t topology) ladderRoute(d time.Duration, topic string) (exchange, key string, n uint64) {
 	n = t.units(d)
 	if n == 0 {
-		return t.topicQueue(topic), 0
+		return t.deliveryExchange(), topic, 0
 	}
-	return t.levelQueue(bits.Len64(n) - 1), n
+	return t.entryExchange(), t.levelQueue(bits.Len64(n) - 1), n
 }
 
 // setBits marks each set bit of n below its entry level, which is reached
@@ -145,6 +154,10 @@ func (t topology) declareLadder(ch *amqp.Channel) error {
 	if err := t.declareDelivery(ch); err != nil {
 		return err
 	}
+	entry := t.entryExchange()
+	if err := ch.ExchangeDeclare(entry, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("rabbit: declare exchange %s: %w", entry, err)
+	}
 	for k := 0; k < t.cfg.Depth; k++ {
 		x, q := t.levelExchange(k), t.levelQueue(k)
 		if err := ch.ExchangeDeclare(x, amqp.ExchangeHeaders, true, false, false, false, amqp.Table{"alternate-exchange": t.nextExchange(k)}); err != nil {
@@ -155,6 +168,9 @@ func (t topology) declareLadder(ch *amqp.Channel) error {
 		}
 		if err := ch.QueueBind(q, "", x, false, bitArgs(k)); err != nil {
 			return fmt.Errorf("rabbit: bind %s to %s: %w", q, x, err)
+		}
+		if err := ch.QueueBind(q, q, entry, false, nil); err != nil {
+			return fmt.Errorf("rabbit: bind %s to %s: %w", q, entry, err)
 		}
 	}
 	return nil

@@ -20,16 +20,17 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 		queue string
 		bits  string // bits below the entry level, which needs none; 0s carry no header
 	}{
-		{0, "p.q.t", ""},
-		{249 * time.Millisecond, "p.q.t", ""},
-		{250 * time.Millisecond, "p.delay.0", ""},
-		{499 * time.Millisecond, "p.delay.0", ""},
-		{1250 * time.Millisecond, "p.delay.2", "01"},
-		{2 * time.Second, "p.delay.3", "000"},
-		{3750 * time.Millisecond, "p.delay.3", "111"},
-		{time.Hour, "p.delay.3", "111"}, // capped at the top
+		{0, "p.deliver t", ""},
+		{249 * time.Millisecond, "p.deliver t", ""},
+		{250 * time.Millisecond, "p.entry p.delay.0", ""},
+		{499 * time.Millisecond, "p.entry p.delay.0", ""},
+		{1250 * time.Millisecond, "p.entry p.delay.2", "01"},
+		{2 * time.Second, "p.entry p.delay.3", "000"},
+		{3750 * time.Millisecond, "p.entry p.delay.3", "111"},
+		{time.Hour, "p.entry p.delay.3", "111"}, // capped at the top
 	} {
-		q, n := topo.ladderRoute(c.delay, "t")
+		x, k, n := topo.ladderRoute(c.delay, "t")
+		q := x + " " + k
 		h := amqp.Table{}
 		setBits(h, n)
 		got := ""
@@ -46,11 +47,11 @@ func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
 	}
 	// With a lead the message leaves that much earlier, then rounds down.
 	topo.cfg.Lead = 100 * time.Millisecond
-	if q, n := topo.ladderRoute(600*time.Millisecond, "t"); q != "p.delay.1" || n != 2 {
+	if _, q, n := topo.ladderRoute(600*time.Millisecond, "t"); q != "p.delay.1" || n != 2 {
 		t.Errorf("ladderRoute(600ms) with a 100ms lead = %s %d, want 2 units", q, n)
 	}
-	if q, _ := topo.ladderRoute(340*time.Millisecond, "t"); q != "p.q.t" {
-		t.Errorf("ladderRoute(340ms) with a 100ms lead = %s, want straight to the topic queue", q)
+	if x, q, _ := topo.ladderRoute(340*time.Millisecond, "t"); x != "p.deliver" || q != "t" {
+		t.Errorf("ladderRoute(340ms) with a 100ms lead = %s %s, want straight to the delivery exchange", x, q)
 	}
 }
 

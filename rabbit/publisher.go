@@ -179,9 +179,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 // prepare builds the AMQP publishing of m delayed by d.
 func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 	var n uint64
-	var key string
+	var exchange, key string
 	if p.cfg.Mode != ModeDelayedExchange {
-		key, n = p.topo.ladderRoute(d, m.Topic)
+		exchange, key, n = p.topo.ladderRoute(d, m.Topic)
 	}
 	// Room for the ladder's marks (the set bits below the entry level) and
 	// CC, so the table never grows while it is filled.
@@ -202,7 +202,7 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 		}
 		return o
 	}
-	o.key = key
+	o.exchange, o.key = exchange, key
 	if n > 0 {
 		setBits(h, n)
 		h["CC"] = []any{m.Topic}
