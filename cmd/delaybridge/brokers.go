@@ -110,7 +110,7 @@ func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 		return cfg, err
 	}
 	if tc != nil && !strings.HasPrefix(strings.ToLower(b.amqpURL), "amqps://") {
-		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", redactURL(b.amqpURL))
+		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", rabbit.RedactURL(b.amqpURL))
 	}
 	cfg.TLS = tc
 	switch b.rabbitMode {
@@ -179,7 +179,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 		}
 		pub, err := rabbit.NewPublisher(ctx, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("rabbit %s: %w", redactURL(b.amqpURL), scrub(err, b.amqpURL))
+			return nil, fmt.Errorf("rabbit %s: %w", rabbit.RedactURL(b.amqpURL), scrub(err, b.amqpURL))
 		}
 		c := &clients{pub: pub, close: func() { _ = pub.Close() }, ensure: func(context.Context, ...string) error { return nil }}
 		if u, err := url.Parse(b.amqpURL); err == nil {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 
@@ -40,8 +39,10 @@ func parseConfigFile(r io.Reader) (map[string]string, error) {
 			return nil, fmt.Errorf("line %d: want name = value", n)
 		}
 		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if name == "" || strings.ContainsAny(name, " \t\"'") {
-			return nil, fmt.Errorf("line %d: bad name %q", n, name)
+		if !validSettingName(name) {
+			// Not quoted: a line such as "mysql-dsn u:pa=ss@…" has part
+			// of a password before its '='.
+			return nil, fmt.Errorf("line %d: the text before '=' is not a setting name (lower-case letters, digits, '-'); the line is not shown as it may hold a secret", n)
 		}
 		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
 			value = value[1 : len(value)-1]
@@ -52,6 +53,21 @@ func parseConfigFile(r io.Reader) (map[string]string, error) {
 		out[name] = value
 	}
 	return out, sc.Err()
+}
+
+// validSettingName accepts what a flag name can be, lower-case letters,
+// digits and '-' after a letter, and '_' so that mysql_dsn is reported as an
+// unknown setting rather than as an unreadable line.
+func validSettingName(name string) bool {
+	if name == "" || name[0] < 'a' || name[0] > 'z' {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // applyConfig fills every flag of cmd the command line did not set, first
@@ -123,13 +139,4 @@ func redactDSN(dsn string) string {
 		cfg.Passwd = "xxxxx"
 	}
 	return cfg.FormatDSN()
-}
-
-// redactURL hides the password of a URL for logs and errors.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable URL)"
-	}
-	return u.Redacted()
 }

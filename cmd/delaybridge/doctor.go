@@ -185,7 +185,7 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
 		TLSClientConfig: cfg.TLS.Clone()})
 	if err != nil {
-		r.fail("RabbitMQ at %s unreachable: %v", redactURL(bf.amqpURL), scrub(err, bf.amqpURL))
+		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.amqpURL), scrub(err, bf.amqpURL))
 		return
 	}
 	defer conn.Close()

@@ -10,12 +10,15 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // DefaultMySQLDSN is the local development database that
@@ -156,12 +159,18 @@ func (a *app) dbRun(fn func(ctx context.Context, db *sql.DB, args []string) erro
 }
 
 // scrub removes from err's message every secret, and the password inside
-// each secret that is a DSN or a URL, in case a driver echoes one.
+// each secret that is a DSN or a URL, in case a driver echoes one. A
+// *url.Error is rewritten first: net/url quotes the whole URL with %q, so a
+// tab, a quote or a backslash anywhere in it escapes the text replacement,
+// and it may quote a piece of a password as a port.
 func scrub(err error, secrets ...string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		msg = strings.ReplaceAll(msg, ue.Error(), fmt.Sprintf("%s %q: malformed URL", ue.Op, rabbit.RedactURL(ue.URL)))
+	}
 	for _, s := range secretParts(secrets) {
 		msg = strings.ReplaceAll(msg, s, "(redacted)")
 	}
@@ -171,17 +180,24 @@ func scrub(err error, secrets ...string) error {
 	return errors.New(msg)
 }
 
-// secretParts returns secrets and the passwords inside them, longest first
-// so a whole DSN is replaced before its password.
+// secretParts returns secrets and the passwords inside them, each also as
+// %q would print it, longest first so a whole DSN is replaced before its
+// password. A password is taken both from a successful parse and from the
+// text's structure (between "://" and the last '@', after the first ':'),
+// so a DSN or URL that does not parse still has its password found.
 func secretParts(secrets []string) []string {
 	var out []string
 	add := func(s string) {
-		if s != "" && !slices.Contains(out, s) {
-			out = append(out, s)
+		q := strconv.Quote(s)
+		for _, v := range []string{s, q[1 : len(q)-1]} {
+			if v != "" && !slices.Contains(out, v) {
+				out = append(out, v)
+			}
 		}
 	}
 	for _, s := range secrets {
 		add(s)
+		add(structuralPassword(s))
 		if cfg, err := mysql.ParseDSN(s); err == nil {
 			add(cfg.Passwd)
 		}
@@ -195,4 +211,19 @@ func secretParts(secrets []string) []string {
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
+}
+
+// structuralPassword returns what stands where a DSN's or a URL's password
+// would, without parsing: after the first ':' of the text before the last
+// '@' (and after "://", if any).
+func structuralPassword(s string) string {
+	if _, rest, ok := strings.Cut(s, "://"); ok {
+		s = rest
+	}
+	at := strings.LastIndex(s, "@")
+	if at < 0 {
+		return ""
+	}
+	_, p, _ := strings.Cut(s[:at], ":")
+	return p
 }

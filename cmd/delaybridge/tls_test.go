@@ -180,13 +180,13 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	plain := strings.Replace(f.amqpsURL, "amqps://", "amqp://", 1)
 	if conn, err := amqp.DialConfig(plain, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)}); err == nil {
 		conn.Close()
-		t.Fatalf("plain AMQP to %s succeeded", redactURL(plain))
+		t.Fatalf("plain AMQP to %s succeeded", rabbit.RedactURL(plain))
 	}
 	cfg.URL = strings.Replace(testenv.AMQPURL(), "amqp://", "amqps://", 1)
 	cfg.DialTimeout = 3 * time.Second
 	if p, err := rabbit.NewPublisher(context.Background(), cfg); err == nil {
 		p.Close()
-		t.Fatalf("TLS to the plain port %s succeeded", redactURL(cfg.URL))
+		t.Fatalf("TLS to the plain port %s succeeded", rabbit.RedactURL(cfg.URL))
 	}
 }
 
