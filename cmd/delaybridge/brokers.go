@@ -155,9 +155,22 @@ func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
 	return cfg, nil
 }
 
+// warnings says what in the broker settings works but is weaker than it
+// looks; run, demo and bench log it and doctor reports it.
+func (b *brokerFlags) warnings() []string {
+	var out []string
+	if b.kind == "rocket" && b.rocketTLS {
+		out = append(out, "--rocketmq-tls: the RocketMQ client does not verify the servers' certificates, so TLS stops eavesdropping but not a man in the middle (see SECURITY.md)")
+	}
+	return out
+}
+
 // check reports bad broker flags without connecting, so a command can
-// refuse them before it touches the database.
+// refuse them before it touches the database. It logs the warnings first.
 func (b *brokerFlags) check(a *app) error {
+	for _, w := range b.warnings() {
+		a.log.Warn("delaybridge: " + w)
+	}
 	switch b.kind {
 	case "rabbit":
 		_, err := b.rabbitConfig(a)

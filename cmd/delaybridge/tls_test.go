@@ -242,3 +242,24 @@ func writeCA(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// Encryption without verification is reported as a warning, not as OK:
+// tls=skip-verify in the DSN, and --rocketmq-tls, whose client never
+// verifies. run logs the RocketMQ one before it refuses a bad flag.
+func TestTLS_DoctorWarnsOfUnverifiedTLS(t *testing.T) {
+	tlsFiles(t)
+	dsn := scratch(t)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn + "&tls=skip-verify"}, rabbitFlags(t)...)...)
+	if !strings.Contains(out, "WARN  database connection uses TLS (cipher ") || !strings.Contains(out, "does not verify the server's certificate (tls=skip-verify") ||
+		strings.Contains(out, "OK    database connection uses TLS") {
+		t.Errorf("doctor with tls=skip-verify:\n%s", out)
+	}
+	out, _, err := run(t, "doctor", "--mysql-dsn", dsn, "--broker", "rocket", "--rocketmq-tls", "--rocketmq-mode", "bogus")
+	if err == nil || !strings.Contains(out, "WARN  --rocketmq-tls: the RocketMQ client does not verify") {
+		t.Errorf("doctor --rocketmq-tls: %v\n%s", err, out)
+	}
+	_, errOut, err := run(t, "run", "--mysql-dsn", dsn, "--broker", "rocket", "--rocketmq-tls", "--rocketmq-mode", "bogus")
+	if err == nil || !strings.Contains(err.Error(), "--rocketmq-mode") || !strings.Contains(errOut, "level=WARN") || !strings.Contains(errOut, "does not verify") {
+		t.Errorf("run --rocketmq-tls: %v\n%s", err, errOut)
+	}
+}
