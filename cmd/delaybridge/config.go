@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -72,28 +73,29 @@ func validSettingName(name string) bool {
 
 // applyConfig fills every flag of cmd the command line did not set, first
 // from its DELAYBRIDGE_* environment variable, then from the config file.
-// Command line beats environment beats file beats default.
-func applyConfig(cmd *cobra.Command, file string) error {
+// Command line beats environment beats file beats default. holdsSecret
+// says whether the file sets a secret flag itself (not its -file twin).
+func applyConfig(cmd *cobra.Command, file string) (holdsSecret bool, err error) {
 	var fromFile map[string]string
 	if file != "" {
 		f, err := os.Open(file)
 		if err != nil {
-			return fmt.Errorf("config file: %w", err)
+			return false, fmt.Errorf("config file: %w", err)
 		}
 		defer f.Close()
 		if fromFile, err = parseConfigFile(f); err != nil {
-			return fmt.Errorf("config file %s: %w", file, err)
+			return false, fmt.Errorf("config file %s: %w", file, err)
 		}
 		known := map[string]bool{}
 		cmd.Root().PersistentFlags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
 		visitAll(cmd, func(f *pflag.Flag) { known[f.Name] = true })
 		for name := range fromFile {
 			if !known[name] {
-				return fmt.Errorf("config file %s: unknown setting %q for %s", file, name, cmd.CommandPath())
+				return false, fmt.Errorf("config file %s: unknown setting %q for %s", file, name, cmd.CommandPath())
 			}
+			holdsSecret = holdsSecret || isSecretFlag(name)
 		}
 	}
-	var err error
 	visitAll(cmd, func(f *pflag.Flag) {
 		if err != nil || f.Changed || f.Name == "help" {
 			return
@@ -114,7 +116,28 @@ func applyConfig(cmd *cobra.Command, file string) error {
 			f.Changed = true
 		}
 	})
-	return err
+	return holdsSecret, err
+}
+
+// noteConfigFile logs what an operator should know about the config file
+// it read. A symbolic link is followed, as orchestrators mount files
+// through them (a Kubernetes ConfigMap's file is one), but never silently:
+// the log names the file actually read. A file that holds a secret and is
+// readable by group or others gets the warning a secret file gets; one that
+// holds only paths to secret files does not need it.
+func (a *app) noteConfigFile(file string, holdsSecret bool) {
+	if st, err := os.Lstat(file); err == nil && st.Mode()&os.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(file)
+		if err != nil {
+			target = "(unresolvable: " + err.Error() + ")"
+		}
+		a.log.Info("delaybridge: config file is a symbolic link; read its target", "config", file, "target", target)
+	}
+	if holdsSecret {
+		if w := secretFileModeWarning(file); w != "" {
+			a.log.Warn("delaybridge: config file holds a secret and "+w+", or move the secret to a -file setting", "config", file)
+		}
+	}
 }
 
 func visitAll(cmd *cobra.Command, fn func(*pflag.Flag)) {

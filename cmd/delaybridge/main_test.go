@@ -145,16 +145,25 @@ func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
 // the root command resolved for it.
 func settingsAfter(t *testing.T, args []string) app {
 	t.Helper()
+	a, _ := probe(t, args...)
+	return a
+}
+
+// probe runs a subcommand that does nothing with args and returns the
+// settings the root command resolved and what it logged.
+func probe(t *testing.T, args ...string) (app, string) {
+	t.Helper()
 	a := &app{}
+	var errb bytes.Buffer
 	root := buildRoot(a)
 	root.AddCommand(&cobra.Command{Use: "probe", RunE: func(*cobra.Command, []string) error { return nil }})
 	root.SetArgs(append([]string{"probe"}, args...))
 	root.SetOut(&bytes.Buffer{})
-	root.SetErr(&bytes.Buffer{})
+	root.SetErr(&errb)
 	if err := root.Execute(); err != nil {
 		t.Fatalf("probe %v: %v", args, err)
 	}
-	return *a
+	return *a, errb.String()
 }
 
 func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {

@@ -69,7 +69,8 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 			if !cmd.Flags().Changed("config") {
 				file = os.Getenv(envName("config"))
 			}
-			if err := applyConfig(cmd, file); err != nil {
+			holdsSecret, err := applyConfig(cmd, file)
+			if err != nil {
 				return err
 			}
 			if err := applySecretFiles(cmd); err != nil {
@@ -80,6 +81,9 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+			if file != "" {
+				a.noteConfigFile(file, holdsSecret)
+			}
 			visitAll(cmd, func(f *pflag.Flag) {
 				if strings.HasSuffix(f.Name, fileSuffix) && f.Value.String() != "" {
 					if w := secretFileModeWarning(f.Value.String()); w != "" {

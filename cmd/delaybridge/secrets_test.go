@@ -411,3 +411,55 @@ func killSessions(t *testing.T, user string) {
 		_ = exec.Command("mariadb", "-uroot", "-e", "KILL "+id).Run()
 	}
 }
+
+func TestConfigFile_WarnsWhenOthersCanReadTheSecretItHolds(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	dsnFile := filepath.Join(dir, "dsn")
+	if err := os.WriteFile(dsnFile, []byte("u:pw@tcp(127.0.0.1:9)/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		body string
+		mode os.FileMode
+		warn bool
+	}{
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o644, true},
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o640, true},
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o600, false},
+		{"mysql-dsn-file = " + dsnFile + "\nlog-level = info\n", 0o644, false},
+	} {
+		file := filepath.Join(dir, "delaybridge.conf")
+		if err := os.WriteFile(file, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(file, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, logs := probe(t, "--config", file)
+		if got := strings.Contains(logs, "config file holds a secret and") && strings.Contains(logs, "readable by group or others"); got != c.warn {
+			t.Errorf("config %q mode %04o: warned %v, want %v\n%s", c.body, c.mode, got, c.warn, logs)
+		}
+	}
+}
+
+// A config file reached through a symbolic link is read, and the log names
+// the file behind the link.
+func TestConfigFile_SymbolicLinkIsFollowedAndNamed(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	target := filepath.Join(dir, "real.conf")
+	if err := os.WriteFile(target, []byte("log-level = info\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "delaybridge.conf")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, logs := probe(t, "--config", link); !strings.Contains(logs, "config file is a symbolic link") || !strings.Contains(logs, "target="+target) {
+		t.Errorf("config through a link: logs do not name the target:\n%s", logs)
+	}
+	if _, logs := probe(t, "--config", target); strings.Contains(logs, "symbolic link") {
+		t.Errorf("a plain config file is reported as a link:\n%s", logs)
+	}
+}
