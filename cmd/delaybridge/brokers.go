@@ -15,6 +15,10 @@ import (
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
+// DefaultAMQPURL is the local development RabbitMQ that
+// scripts/services.sh sets up. Only demo and bench fall back to it.
+const DefaultAMQPURL = "amqp://delaybridge:delaybridge@127.0.0.1:5672/"
+
 // brokerFlags are the settings that pick and configure a broker adapter.
 type brokerFlags struct {
 	kind string
@@ -43,7 +47,7 @@ type brokerFlags struct {
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.kind, "broker", "rabbit", "broker adapter: rabbit or rocket")
-	fs.StringVar(&b.amqpURL, "amqp-url", "amqp://delaybridge:delaybridge@127.0.0.1:5672/", "RabbitMQ AMQP URL (amqps:// for TLS)")
+	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
 	fs.StringVar(&b.rabbitMode, "rabbit-mode", "ladder", "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
@@ -102,6 +106,9 @@ func parseLevels(s string) ([]time.Duration, error) {
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, Logger: a.log}
+	if b.amqpURL == "" {
+		return cfg, notConfigured("amqp-url", "no RabbitMQ configured")
+	}
 	if b.rabbitPrefetch <= 0 {
 		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", b.rabbitPrefetch)
 	}

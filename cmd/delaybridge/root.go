@@ -22,7 +22,7 @@ import (
 )
 
 // DefaultMySQLDSN is the local development database that
-// scripts/services.sh creates.
+// scripts/services.sh creates. Only demo and bench fall back to it.
 const DefaultMySQLDSN = "delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true"
 
 // app holds what every subcommand shares: settings and the opened database.
@@ -96,7 +96,7 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
-	pf.StringVar(&a.mysqlDSN, "mysql-dsn", DefaultMySQLDSN, "MySQL/MariaDB DSN of the outbox database (go-sql-driver format)")
+	pf.StringVar(&a.mysqlDSN, "mysql-dsn", "", "MySQL/MariaDB DSN of the outbox database (go-sql-driver format); required, but demo and bench fall back to the local development database")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	a.mysqlTLS.register(pf, "mysql", "the database")
 	registerSecretFiles(pf)
@@ -107,17 +107,23 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 
 // mysqlConfig parses --mysql-dsn and applies the --mysql-tls-* flags.
 // parseTime is on unless the DSN says otherwise.
+// An empty --mysql-dsn is an error, not the driver's defaults: a daemon
+// must not quietly try the development credentials or the driver's
+// root@127.0.0.1 against whatever database answers.
 func (a *app) mysqlConfig() (*mysql.Config, error) {
+	tc, err := a.mysqlTLS.config()
+	if err != nil {
+		return nil, err
+	}
+	if a.mysqlDSN == "" {
+		return nil, notConfigured("mysql-dsn", "no outbox database configured")
+	}
 	cfg, err := mysql.ParseDSN(a.mysqlDSN)
 	if err != nil {
 		return nil, fmt.Errorf("--mysql-dsn %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
 	}
 	if !strings.Contains(a.mysqlDSN, "parseTime=") {
 		cfg.ParseTime = true
-	}
-	tc, err := a.mysqlTLS.config()
-	if err != nil {
-		return nil, err
 	}
 	if tc != nil {
 		if cfg.TLSConfig != "" {
@@ -126,6 +132,27 @@ func (a *app) mysqlConfig() (*mysql.Config, error) {
 		cfg.TLS = tc
 	}
 	return cfg, nil
+}
+
+// notConfigured is the error for a missing required secret setting: it
+// names every way to set it.
+func notConfigured(flag, what string) error {
+	return fmt.Errorf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
+		what, flag, flag, fileSuffix, envName(flag), envName(flag+fileSuffix), flag, fileSuffix)
+}
+
+// useDevDefaults points demo and bench, which exist to try delaybridge on
+// the services scripts/services.sh starts, at those services when no
+// database or RabbitMQ is configured, and says so.
+func (a *app) useDevDefaults(bf *brokerFlags) {
+	if a.mysqlDSN == "" {
+		a.mysqlDSN = DefaultMySQLDSN
+		a.log.Info("delaybridge: no --mysql-dsn set: using the local development database", "database", redactDSN(a.mysqlDSN))
+	}
+	if bf.kind == "rabbit" && bf.amqpURL == "" {
+		bf.amqpURL = DefaultAMQPURL
+		a.log.Info("delaybridge: no --amqp-url set: using the local development RabbitMQ", "amqp", rabbit.RedactURL(bf.amqpURL))
+	}
 }
 
 // openDB opens and pings the outbox database; the password never appears

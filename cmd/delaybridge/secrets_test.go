@@ -463,3 +463,31 @@ func TestConfigFile_SymbolicLinkIsFollowedAndNamed(t *testing.T) {
 		t.Errorf("a plain config file is reported as a link:\n%s", logs)
 	}
 }
+
+// Without configuration a command does not try the development
+// credentials: it says which settings are missing, before connecting to
+// anything. demo and bench fall back to the local services and say so.
+func TestCommands_RequireAnExplicitDatabaseAndRabbitMQ(t *testing.T) {
+	clearEnv(t)
+	for _, args := range [][]string{{"status"}, {"migrate"}, {"dead", "list"}, {"run", "--amqp-url", "amqp://u:p@127.0.0.1:1/"}} {
+		_, _, err := run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "no outbox database configured: set --mysql-dsn or --mysql-dsn-file (environment DELAYBRIDGE_MYSQL_DSN") {
+			t.Errorf("%v without a DSN: %v", args, err)
+		}
+	}
+	_, _, err := run(t, "run", "--mysql-dsn", "u:p@tcp(127.0.0.1:1)/x")
+	if err == nil || !strings.Contains(err.Error(), "no RabbitMQ configured: set --amqp-url or --amqp-url-file (environment DELAYBRIDGE_AMQP_URL") {
+		t.Errorf("run without an AMQP URL: %v", err)
+	}
+	out, _, err := run(t, "doctor")
+	if err == nil || !strings.Contains(out, "FAIL  database: no outbox database configured") || !strings.Contains(out, "FAIL  rabbit: no RabbitMQ configured") {
+		t.Errorf("doctor without settings: %v\n%s", err, out)
+	}
+	for _, cmd := range []string{"demo", "bench"} {
+		_, errOut, err := run(t, cmd, "--rabbit-prefetch", "0")
+		if err == nil || !strings.Contains(err.Error(), "--rabbit-prefetch must be positive") ||
+			!strings.Contains(errOut, "using the local development database") || !strings.Contains(errOut, "using the local development RabbitMQ") {
+			t.Errorf("%s without settings: %v\n%s", cmd, err, errOut)
+		}
+	}
+}
