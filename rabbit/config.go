@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
 )
@@ -159,6 +164,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.URL == "" {
 		return c, errors.New("rabbit: Config.URL is required")
 	}
+	if err := checkURL(c.URL); err != nil {
+		return c, err
+	}
 	if c.TLS != nil && !strings.HasPrefix(strings.ToLower(c.URL), "amqps://") {
 		return c, errors.New("rabbit: Config.TLS needs an amqps:// URL")
 	}
@@ -252,4 +260,54 @@ func validName(s string) error {
 		}
 	}
 	return nil
+}
+
+// RedactURL returns raw with the password in its user information replaced
+// by "xxxxx", for logs and errors. It works on the text's structure, not on
+// a successful parse, so a URL that does not parse (a stray tab, a reserved
+// character left unencoded in the password) is redacted too: everything
+// between "://" and the last '@' counts as user information, and only the
+// part before its first ':' is kept. A '@' in the path makes it hide more
+// than the user information, never less. Text without "://" but with a '@'
+// has no structure to trust and is hidden entirely.
+func RedactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	at := strings.LastIndex(rest, "@")
+	switch {
+	case !ok && strings.Contains(raw, "@"):
+		return "(unparseable URL)"
+	case !ok || at < 0:
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return raw
+	}
+	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+}
+
+// checkURL reports why raw is not an AMQP URL amqp091-go can dial. Its
+// error shows the URL only as RedactURL does: the errors of net/url quote
+// the URL or a piece of it (a port that is really the start of a password
+// holding '/'), so they are described here rather than wrapped.
+func checkURL(raw string) error {
+	_, err := amqp.ParseURI(raw)
+	if err == nil {
+		return nil
+	}
+	var (
+		urlErr *url.Error
+		numErr *strconv.NumError
+	)
+	switch {
+	case strings.ContainsFunc(raw, unicode.IsControl):
+		err = errors.New("it holds a control character (a tab or a line break?)")
+	case errors.As(err, &urlErr):
+		err = errors.New(`it does not parse: percent-encode any reserved character ("?", "#", "@", ":", "/") in the user name and password`)
+	case errors.As(err, &numErr):
+		err = errors.New("its port is not a number (is a '/' or ':' in the password not percent-encoded?)")
+	}
+	// What remains are amqp091-go's fixed messages (wrong scheme, a
+	// space), which quote nothing.
+	return fmt.Errorf("rabbit: Config.URL %q is not a valid AMQP URL: %w", RedactURL(raw), err)
 }

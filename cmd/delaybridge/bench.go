@@ -149,6 +149,7 @@ applied twice.`,
 			if horizon < 0 || (horizon > 0 && relayOnly) {
 				return fmt.Errorf("--relay-horizon must not be negative, and --relay-only cannot wait for a horizon")
 			}
+			a.useDevDefaults(&bf)
 			if err := bf.check(a); err != nil {
 				return err
 			}

@@ -15,6 +15,10 @@ import (
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
+// DefaultAMQPURL is the local development RabbitMQ that
+// scripts/services.sh sets up. Only demo and bench fall back to it.
+const DefaultAMQPURL = "amqp://delaybridge:delaybridge@127.0.0.1:5672/"
+
 // brokerFlags are the settings that pick and configure a broker adapter.
 type brokerFlags struct {
 	kind string
@@ -43,7 +47,7 @@ type brokerFlags struct {
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.kind, "broker", "rabbit", "broker adapter: rabbit or rocket")
-	fs.StringVar(&b.amqpURL, "amqp-url", "amqp://delaybridge:delaybridge@127.0.0.1:5672/", "RabbitMQ AMQP URL (amqps:// for TLS)")
+	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
 	fs.StringVar(&b.rabbitMode, "rabbit-mode", "ladder", "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
@@ -102,6 +106,9 @@ func parseLevels(s string) ([]time.Duration, error) {
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, Logger: a.log}
+	if b.amqpURL == "" {
+		return cfg, notConfigured("amqp-url", "no RabbitMQ configured")
+	}
 	if b.rabbitPrefetch <= 0 {
 		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", b.rabbitPrefetch)
 	}
@@ -110,7 +117,7 @@ func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
 		return cfg, err
 	}
 	if tc != nil && !strings.HasPrefix(strings.ToLower(b.amqpURL), "amqps://") {
-		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", redactURL(b.amqpURL))
+		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", rabbit.RedactURL(b.amqpURL))
 	}
 	cfg.TLS = tc
 	switch b.rabbitMode {
@@ -155,9 +162,22 @@ func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
 	return cfg, nil
 }
 
+// warnings says what in the broker settings works but is weaker than it
+// looks; run, demo and bench log it and doctor reports it.
+func (b *brokerFlags) warnings() []string {
+	var out []string
+	if b.kind == "rocket" && b.rocketTLS {
+		out = append(out, "--rocketmq-tls: the RocketMQ client does not verify the servers' certificates, so TLS stops eavesdropping but not a man in the middle (see SECURITY.md)")
+	}
+	return out
+}
+
 // check reports bad broker flags without connecting, so a command can
-// refuse them before it touches the database.
+// refuse them before it touches the database. It logs the warnings first.
 func (b *brokerFlags) check(a *app) error {
+	for _, w := range b.warnings() {
+		a.log.Warn("delaybridge: " + w)
+	}
 	switch b.kind {
 	case "rabbit":
 		_, err := b.rabbitConfig(a)
@@ -179,7 +199,7 @@ func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients,
 		}
 		pub, err := rabbit.NewPublisher(ctx, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("rabbit %s: %w", redactURL(b.amqpURL), scrub(err, b.amqpURL))
+			return nil, fmt.Errorf("rabbit %s: %w", rabbit.RedactURL(b.amqpURL), scrub(err, b.amqpURL))
 		}
 		c := &clients{pub: pub, close: func() { _ = pub.Close() }, ensure: func(context.Context, ...string) error { return nil }}
 		if u, err := url.Parse(b.amqpURL); err == nil {

@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -40,8 +40,10 @@ func parseConfigFile(r io.Reader) (map[string]string, error) {
 			return nil, fmt.Errorf("line %d: want name = value", n)
 		}
 		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if name == "" || strings.ContainsAny(name, " \t\"'") {
-			return nil, fmt.Errorf("line %d: bad name %q", n, name)
+		if !validSettingName(name) {
+			// Not quoted: a line such as "mysql-dsn u:pa=ss@…" has part
+			// of a password before its '='.
+			return nil, fmt.Errorf("line %d: the text before '=' is not a setting name (lower-case letters, digits, '-'); the line is not shown as it may hold a secret", n)
 		}
 		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
 			value = value[1 : len(value)-1]
@@ -54,30 +56,46 @@ func parseConfigFile(r io.Reader) (map[string]string, error) {
 	return out, sc.Err()
 }
 
+// validSettingName accepts what a flag name can be, lower-case letters,
+// digits and '-' after a letter, and '_' so that mysql_dsn is reported as an
+// unknown setting rather than as an unreadable line.
+func validSettingName(name string) bool {
+	if name == "" || name[0] < 'a' || name[0] > 'z' {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // applyConfig fills every flag of cmd the command line did not set, first
 // from its DELAYBRIDGE_* environment variable, then from the config file.
-// Command line beats environment beats file beats default.
-func applyConfig(cmd *cobra.Command, file string) error {
+// Command line beats environment beats file beats default. holdsSecret
+// says whether the file sets a secret flag itself (not its -file twin).
+func applyConfig(cmd *cobra.Command, file string) (holdsSecret bool, err error) {
 	var fromFile map[string]string
 	if file != "" {
 		f, err := os.Open(file)
 		if err != nil {
-			return fmt.Errorf("config file: %w", err)
+			return false, fmt.Errorf("config file: %w", err)
 		}
 		defer f.Close()
 		if fromFile, err = parseConfigFile(f); err != nil {
-			return fmt.Errorf("config file %s: %w", file, err)
+			return false, fmt.Errorf("config file %s: %w", file, err)
 		}
 		known := map[string]bool{}
 		cmd.Root().PersistentFlags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
 		visitAll(cmd, func(f *pflag.Flag) { known[f.Name] = true })
 		for name := range fromFile {
 			if !known[name] {
-				return fmt.Errorf("config file %s: unknown setting %q for %s", file, name, cmd.CommandPath())
+				return false, fmt.Errorf("config file %s: unknown setting %q for %s", file, name, cmd.CommandPath())
 			}
+			holdsSecret = holdsSecret || isSecretFlag(name)
 		}
 	}
-	var err error
 	visitAll(cmd, func(f *pflag.Flag) {
 		if err != nil || f.Changed || f.Name == "help" {
 			return
@@ -98,7 +116,28 @@ func applyConfig(cmd *cobra.Command, file string) error {
 			f.Changed = true
 		}
 	})
-	return err
+	return holdsSecret, err
+}
+
+// noteConfigFile logs what an operator should know about the config file
+// it read. A symbolic link is followed, as orchestrators mount files
+// through them (a Kubernetes ConfigMap's file is one), but never silently:
+// the log names the file actually read. A file that holds a secret and is
+// readable by group or others gets the warning a secret file gets; one that
+// holds only paths to secret files does not need it.
+func (a *app) noteConfigFile(file string, holdsSecret bool) {
+	if st, err := os.Lstat(file); err == nil && st.Mode()&os.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(file)
+		if err != nil {
+			target = "(unresolvable: " + err.Error() + ")"
+		}
+		a.log.Info("delaybridge: config file is a symbolic link; read its target", "config", file, "target", target)
+	}
+	if holdsSecret {
+		if w := secretFileModeWarning(file); w != "" {
+			a.log.Warn("delaybridge: config file holds a secret and "+w+", or move the secret to a -file setting", "config", file)
+		}
+	}
 }
 
 func visitAll(cmd *cobra.Command, fn func(*pflag.Flag)) {
@@ -123,13 +162,4 @@ func redactDSN(dsn string) string {
 		cfg.Passwd = "xxxxx"
 	}
 	return cfg.FormatDSN()
-}
-
-// redactURL hides the password of a URL for logs and errors.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable URL)"
-	}
-	return u.Redacted()
 }

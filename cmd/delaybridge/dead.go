@@ -41,7 +41,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "TOPIC\tKEY\tDUE\tATTEMPTS\tLAST ERROR")
 			for _, d := range dead {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", d.Task.Topic, d.Task.Key, d.Task.DueAt.Format(time.RFC3339), d.PublishAttempts, d.LastError)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", printable(d.Task.Topic), printable(d.Task.Key), d.Task.DueAt.Format(time.RFC3339), d.PublishAttempts, printable(d.LastError))
 			}
 			w.Flush()
 			fmt.Fprintf(a.stdout, "%d dead task(s)\n", len(dead))
@@ -58,7 +58,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			if err := outbox.Replay(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", args[0], args[1])
+			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", printable(args[0]), printable(args[1]))
 			return nil
 		}),
 	}

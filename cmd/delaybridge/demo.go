@@ -53,6 +53,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if orders <= 0 || timeout <= 0 || payRatio < 0 || payRatio > 1 {
 				return fmt.Errorf("need --orders > 0, --timeout > 0 and 0 <= --pay-ratio <= 1")
 			}
+			a.useDevDefaults(&bf)
 			if err := bf.check(a); err != nil {
 				return err
 			}

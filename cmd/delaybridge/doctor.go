@@ -66,6 +66,9 @@ failed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			r := &report{a: a}
+			for _, w := range bf.warnings() {
+				r.warn("%s", w)
+			}
 			checkDatabase(ctx, a, r)
 			switch bf.kind {
 			case "rabbit":
@@ -132,23 +135,29 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 }
 
 // checkDatabaseTransport says whether the outbox connection is encrypted,
-// and warns when it is not and leaves this host.
+// and warns when it is not and leaves this host, or when it is encrypted
+// without verifying the server (tls=skip-verify or tls=preferred in the
+// DSN), which an active man in the middle defeats.
 func checkDatabaseTransport(ctx context.Context, a *app, db *sql.DB, r *report) {
 	var name, cipher string
 	if err := db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &cipher); err != nil {
 		r.warn("database: cannot tell whether the connection is encrypted: %v", err)
 		return
 	}
-	if cipher != "" {
-		r.ok("database connection uses TLS (cipher %s)", cipher)
-		return
-	}
 	cfg, err := a.mysqlConfig()
-	if err != nil || cfg.Net == "unix" {
+	if err != nil {
 		return
 	}
-	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && !isLoopback(host) {
-		r.warn("database connection to %s is not encrypted: set --mysql-tls-ca or tls=true in the DSN (see SECURITY.md)", cfg.Addr)
+	switch {
+	case cipher != "" && cfg.TLS != nil && cfg.TLS.InsecureSkipVerify:
+		r.warn("database connection uses TLS (cipher %s) but does not verify the server's certificate (tls=%s in the DSN): use --mysql-tls-ca or tls=true (see SECURITY.md)", cipher, cfg.TLSConfig)
+	case cipher != "":
+		r.ok("database connection uses TLS (cipher %s)", cipher)
+	case cfg.Net == "unix":
+	default:
+		if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && !isLoopback(host) {
+			r.warn("database connection to %s is not encrypted: set --mysql-tls-ca or tls=true in the DSN (see SECURITY.md)", cfg.Addr)
+		}
 	}
 }
 
@@ -185,7 +194,7 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
 		TLSClientConfig: cfg.TLS.Clone()})
 	if err != nil {
-		r.fail("RabbitMQ at %s unreachable: %v", redactURL(bf.amqpURL), scrub(err, bf.amqpURL))
+		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.amqpURL), scrub(err, bf.amqpURL))
 		return
 	}
 	defer conn.Close()

@@ -145,16 +145,25 @@ func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
 // the root command resolved for it.
 func settingsAfter(t *testing.T, args []string) app {
 	t.Helper()
+	a, _ := probe(t, args...)
+	return a
+}
+
+// probe runs a subcommand that does nothing with args and returns the
+// settings the root command resolved and what it logged.
+func probe(t *testing.T, args ...string) (app, string) {
+	t.Helper()
 	a := &app{}
+	var errb bytes.Buffer
 	root := buildRoot(a)
 	root.AddCommand(&cobra.Command{Use: "probe", RunE: func(*cobra.Command, []string) error { return nil }})
 	root.SetArgs(append([]string{"probe"}, args...))
 	root.SetOut(&bytes.Buffer{})
-	root.SetErr(&bytes.Buffer{})
+	root.SetErr(&errb)
 	if err := root.Execute(); err != nil {
 		t.Fatalf("probe %v: %v", args, err)
 	}
-	return *a
+	return *a, errb.String()
 }
 
 func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
@@ -215,4 +224,44 @@ func openDSN(t *testing.T, dsn string) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+func TestPrintable_QuotesOnlyWhatCouldForgeOutput(t *testing.T) {
+	for in, want := range map[string]string{
+		"order-1":          "order-1",
+		"with space é 订单":  "with space é 订单",
+		"k\nOK fake line":  `"k\nOK fake line"`,
+		"\x1b[2Jcleared":   `"\x1b[2Jcleared"`,
+		"col\tshift":       `"col\tshift"`,
+		"bidi\u202eevil":   `"bidi\u202eevil"`,
+		"bad\xffutf8":      `"bad\xffutf8"`,
+		`"looks quoted\n"`: `"\"looks quoted\\n\""`,
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// A key or last error holding a newline or a terminal escape is printed
+// escaped by dead list and task show, so it cannot forge a line.
+func TestDeadListAndTaskShow_EscapeControlCharacters(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	const key = "k\x1b[31m\nFORGED 1 dead task(s)"
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "t", Key: key, DueAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec("UPDATE delay_task SET state = 'dead', last_error = ?", "boom\r\n\x1b[2JFORGED all good"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"dead", "list"}, {"task", "show", "t", key}} {
+		out := mustRun(t, append(args, "--mysql-dsn", dsn)...)
+		if strings.ContainsAny(out, "\x1b\r") || strings.Contains(out, "\nFORGED") {
+			t.Errorf("%v printed a control character or a forged line:\n%s", args[:2], out)
+		}
+		if !strings.Contains(out, `"k\x1b[31m\nFORGED 1 dead task(s)"`) || !strings.Contains(out, `"boom\r\n\x1b[2JFORGED all good"`) {
+			t.Errorf("%v does not show the escaped key and error:\n%s", args[:2], out)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,7 +52,10 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
-		m.reg.MustRegister(&outboxCollector{db: db, grace: grace, log: log})
+		read := func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
+			return outbox.ReadStats(ctx, db, now, grace, time.Minute)
+		}
+		m.reg.MustRegister(&outboxCollector{read: read, log: log})
 	}
 	return m
 }
@@ -84,11 +88,49 @@ func (m *metrics) consumerHooks() broker.Hooks {
 	}
 }
 
-// outboxCollector reads the outbox backlog at scrape time.
+// outboxCollector reads the outbox backlog at scrape time. One read is in
+// flight at a time: a scrape that arrives during one waits for it and
+// reports its result, so concurrent scrapes cost the database one set of
+// queries, not one each.
 type outboxCollector struct {
-	db    *sql.DB
-	grace time.Duration
-	log   *slog.Logger
+	read func(ctx context.Context, now time.Time) (*outbox.Stats, error)
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	inFlight *statsRead
+}
+
+// statsRead is one read of the outbox that scrapes share; done closes when
+// st and err are set.
+type statsRead struct {
+	done chan struct{}
+	now  time.Time
+	st   *outbox.Stats
+	err  error
+}
+
+// stats joins the read in flight or starts one.
+func (c *outboxCollector) stats() *statsRead {
+	c.mu.Lock()
+	if r := c.inFlight; r != nil {
+		c.mu.Unlock()
+		<-r.done
+		return r
+	}
+	r := &statsRead{done: make(chan struct{}), now: time.Now()}
+	c.inFlight = r
+	c.mu.Unlock()
+	// Deferred, so a read that panics cannot leave later scrapes waiting.
+	defer func() {
+		c.mu.Lock()
+		c.inFlight = nil
+		c.mu.Unlock()
+		close(r.done)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.st, r.err = c.read(ctx, r.now)
+	return r
 }
 
 var (
@@ -106,15 +148,13 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	now := time.Now()
-	st, err := outbox.ReadStats(ctx, c.db, now, c.grace, time.Minute)
-	if err != nil {
-		c.log.Warn("delaybridge metrics: reading the outbox failed", "err", err)
+	r := c.stats()
+	if r.err != nil {
+		c.log.Warn("delaybridge metrics: reading the outbox failed", "err", r.err)
 		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 0)
 		return
 	}
+	st, now := r.st, r.now
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 1)
 	for state, topics := range st.Backlog {
 		for topic, n := range topics {

@@ -77,11 +77,11 @@ back (up to --drain) and exits 0.`,
 			}
 			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Logger: a.log})
 
-			ln, err := net.Listen("tcp", httpAddr)
+			ln, err := a.listenHTTP(httpAddr)
 			if err != nil {
-				return fmt.Errorf("--http %s: %w", httpAddr, err)
+				return err
 			}
-			srv := &http.Server{Handler: a.httpHandler(m, db, cl.addr), ReadHeaderTimeout: 5 * time.Second}
+			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.kind, "mode", bf.mode(), "http", ln.Addr().String(),
 				"limits_max_hop", cl.pub.Limits().MaxHop, "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.kind, bf.mode(), ln.Addr())
@@ -144,11 +144,11 @@ func (a *app) serveMetrics(addr string, m *metrics, db *sql.DB, brokerAddr strin
 	if addr == "" {
 		return func() {}, nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := a.listenHTTP(addr)
 	if err != nil {
-		return nil, fmt.Errorf("--http %s: %w", addr, err)
+		return nil, err
 	}
-	srv := &http.Server{Handler: a.httpHandler(m, db, brokerAddr), ReadHeaderTimeout: 5 * time.Second}
+	srv := newHTTPServer(a.httpHandler(m, db, brokerAddr))
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Fprintf(a.stderr, "metrics on http://%s/metrics\n", ln.Addr())
 	return func() {

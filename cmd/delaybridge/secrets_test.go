@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,50 @@ func TestReadSecretFile_TrimsOneLineAndRefusesEverythingElse(t *testing.T) {
 	}
 	if _, err := readSecretFile(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("a directory: %v", err)
+	}
+}
+
+// A URL or DSN with a tab, a quote, a backslash or an unencoded '/' does not
+// parse, and net/url's error quotes it, escaped, or quotes a piece of its
+// password as a port: scrub must still hide the password.
+func TestScrub_HidesThePasswordOfAURLThatDoesNotParse(t *testing.T) {
+	const pw = "S3CRETpw"
+	for _, raw := range []string{
+		"amqp://u:" + pw + "@127.0.0.1:5672/\ttab",
+		"amqp://u:" + pw + "\"x@127.0.0.1:5672/\t",
+		"amqp://u:" + pw + "\\x@127.0.0.1:5672/\t",
+		"amqp://u:" + pw + "/x@127.0.0.1:5672/",
+		"amqp://u:" + pw + "%zz@127.0.0.1:5672/",
+	} {
+		_, perr := url.Parse(raw)
+		if perr == nil {
+			t.Fatalf("url.Parse(%q) succeeded; the case tests nothing", raw)
+		}
+		err := scrub(fmt.Errorf("rabbit: dial: %w", perr), raw)
+		if strings.Contains(err.Error(), pw[:5]) {
+			t.Errorf("scrub of the error for %q: %v", raw, err)
+		}
+		if !strings.Contains(err.Error(), "u:xxxxx@") {
+			t.Errorf("scrub of the error for %q does not show the redacted URL: %v", raw, err)
+		}
+	}
+	// A quote in a DSN's password, as a driver would print it with %q.
+	dsn := `u:` + pw + `"x@tcp(127.0.0.1:3306)/db`
+	if err := scrub(fmt.Errorf("bad DSN %q", dsn), dsn); strings.Contains(err.Error(), pw[:5]) {
+		t.Errorf("scrub of a %%q-quoted DSN: %v", err)
+	}
+}
+
+func TestParseConfigFile_BadNameErrorDoesNotEchoTheLine(t *testing.T) {
+	for _, line := range []string{"mysql-dsn u:S3=CRET@tcp(h)/d", "mysql-dsn:u:S3=CRET@tcp(h)/d", "MYSQL-DSN_S3=CRET", "\"S3\" = CRET"} {
+		_, err := parseConfigFile(strings.NewReader("log-level = info\n" + line + "\n"))
+		if err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), "not a setting name") {
+			t.Errorf("parseConfigFile(%q) = %v, want a line-2 error about the name", line, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "S3") {
+			t.Errorf("parseConfigFile(%q) echoes the line: %v", line, err)
+		}
 	}
 }
 
@@ -254,10 +299,24 @@ func TestSecrets_NoCommandPrintsAPasswordOrKey(t *testing.T) {
 		} {
 			s.check(t, s.run(t, plain, c.args...), false, c.want)
 		}
+		// One stray character makes the URL unparseable, and net/url quotes
+		// it escaped; a '/' in the password makes its start a port.
+		httpArgs := []string{"--mysql-dsn", s.dsn, "--http", "127.0.0.1:0"}
+		for _, bad := range []string{wrongURL + "\ttab", strings.Replace(wrongURL, s.wrong, s.wrong+`"`, 1), strings.Replace(wrongURL, s.wrong, s.wrong+`\`, 1) + "\x7f"} {
+			s.check(t, s.run(t, append(plain, "DELAYBRIDGE_AMQP_URL="+bad), append([]string{"run"}, httpArgs...)...), false, "not a valid AMQP URL")
+			s.check(t, s.run(t, append(plain, "DELAYBRIDGE_AMQP_URL="+bad), "doctor", "--mysql-dsn", s.dsn), false, "malformed URL")
+		}
+		slash := strings.Replace(wrongURL, s.wrong, "12/"+s.wrong, 1)
+		s.check(t, s.run(t, plain, "doctor", "--mysql-dsn", s.dsn, "--amqp-url", slash), false, "unreachable")
+		s.check(t, s.run(t, plain, append([]string{"run", "--amqp-url", slash}, httpArgs...)...), false, "rabbit")
+		// A config line with a space where its '=' belongs: the part of the
+		// password before the '=' in it stays unprinted.
+		conf := s.file(t, "typo.conf", "mysql-dsn "+strings.Replace(wrongDSN, s.wrong, s.wrong+"=x", 1))
+		s.check(t, s.run(t, plain, "status", "--config", conf), false, "line 1")
 		// Two sources of one secret, and a config file with a bad line
 		// after the DSN: the errors name the setting, never the value.
 		s.check(t, s.run(t, append(plain, "DELAYBRIDGE_MYSQL_DSN="+wrongDSN, "DELAYBRIDGE_MYSQL_DSN_FILE="+dsnFile), "status"), false, "are both set")
-		conf := s.file(t, "delaybridge.conf", "mysql-dsn = "+wrongDSN+"\n"+s.wrong)
+		conf = s.file(t, "delaybridge.conf", "mysql-dsn = "+wrongDSN+"\n"+s.wrong)
 		s.check(t, s.run(t, plain, "status", "--config", conf), false, "line 2")
 		// A secret file readable by others is used, with a warning.
 		loose := s.file(t, "loose-dsn", s.dsn)
@@ -350,5 +409,85 @@ func killSessions(t *testing.T, user string) {
 	}
 	for _, id := range strings.Fields(string(out)) {
 		_ = exec.Command("mariadb", "-uroot", "-e", "KILL "+id).Run()
+	}
+}
+
+func TestConfigFile_WarnsWhenOthersCanReadTheSecretItHolds(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	dsnFile := filepath.Join(dir, "dsn")
+	if err := os.WriteFile(dsnFile, []byte("u:pw@tcp(127.0.0.1:9)/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		body string
+		mode os.FileMode
+		warn bool
+	}{
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o644, true},
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o640, true},
+		{"mysql-dsn = u:pw@tcp(127.0.0.1:9)/x\n", 0o600, false},
+		{"mysql-dsn-file = " + dsnFile + "\nlog-level = info\n", 0o644, false},
+	} {
+		file := filepath.Join(dir, "delaybridge.conf")
+		if err := os.WriteFile(file, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(file, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, logs := probe(t, "--config", file)
+		if got := strings.Contains(logs, "config file holds a secret and") && strings.Contains(logs, "readable by group or others"); got != c.warn {
+			t.Errorf("config %q mode %04o: warned %v, want %v\n%s", c.body, c.mode, got, c.warn, logs)
+		}
+	}
+}
+
+// A config file reached through a symbolic link is read, and the log names
+// the file behind the link.
+func TestConfigFile_SymbolicLinkIsFollowedAndNamed(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	target := filepath.Join(dir, "real.conf")
+	if err := os.WriteFile(target, []byte("log-level = info\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "delaybridge.conf")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, logs := probe(t, "--config", link); !strings.Contains(logs, "config file is a symbolic link") || !strings.Contains(logs, "target="+target) {
+		t.Errorf("config through a link: logs do not name the target:\n%s", logs)
+	}
+	if _, logs := probe(t, "--config", target); strings.Contains(logs, "symbolic link") {
+		t.Errorf("a plain config file is reported as a link:\n%s", logs)
+	}
+}
+
+// Without configuration a command does not try the development
+// credentials: it says which settings are missing, before connecting to
+// anything. demo and bench fall back to the local services and say so.
+func TestCommands_RequireAnExplicitDatabaseAndRabbitMQ(t *testing.T) {
+	clearEnv(t)
+	for _, args := range [][]string{{"status"}, {"migrate"}, {"dead", "list"}, {"run", "--amqp-url", "amqp://u:p@127.0.0.1:1/"}} {
+		_, _, err := run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "no outbox database configured: set --mysql-dsn or --mysql-dsn-file (environment DELAYBRIDGE_MYSQL_DSN") {
+			t.Errorf("%v without a DSN: %v", args, err)
+		}
+	}
+	_, _, err := run(t, "run", "--mysql-dsn", "u:p@tcp(127.0.0.1:1)/x")
+	if err == nil || !strings.Contains(err.Error(), "no RabbitMQ configured: set --amqp-url or --amqp-url-file (environment DELAYBRIDGE_AMQP_URL") {
+		t.Errorf("run without an AMQP URL: %v", err)
+	}
+	out, _, err := run(t, "doctor")
+	if err == nil || !strings.Contains(out, "FAIL  database: no outbox database configured") || !strings.Contains(out, "FAIL  rabbit: no RabbitMQ configured") {
+		t.Errorf("doctor without settings: %v\n%s", err, out)
+	}
+	for _, cmd := range []string{"demo", "bench"} {
+		_, errOut, err := run(t, cmd, "--rabbit-prefetch", "0")
+		if err == nil || !strings.Contains(err.Error(), "--rabbit-prefetch must be positive") ||
+			!strings.Contains(errOut, "using the local development database") || !strings.Contains(errOut, "using the local development RabbitMQ") {
+			t.Errorf("%s without settings: %v\n%s", cmd, err, errOut)
+		}
 	}
 }

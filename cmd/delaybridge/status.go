@@ -44,7 +44,7 @@ func newStatusCmd(a *app) *cobra.Command {
 				}
 				sort.Strings(topics)
 				for _, t := range topics {
-					fmt.Fprintf(w, "%s\t%s\t%d\n", state, t, st.Backlog[state][t])
+					fmt.Fprintf(w, "%s\t%s\t%d\n", state, printable(t), st.Backlog[state][t])
 				}
 			}
 			fmt.Fprintf(w, "done\t*\t%d\ncancelled\t*\t%d\n", st.Done, st.Cancelled)

@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -40,7 +43,7 @@ func newTaskCmd(a *app) *cobra.Command {
 			if err := outbox.Cancel(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", args[0], args[1])
+			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", printable(args[0]), printable(args[1]))
 			return nil
 		}),
 	}
@@ -61,7 +64,7 @@ func newTaskCmd(a *app) *cobra.Command {
 			if err := outbox.Reschedule(ctx, db, args[0], args[1], due); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", args[0], args[1], due.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", printable(args[0]), printable(args[1]), due.UTC().Format(time.RFC3339Nano))
 			return nil
 		}),
 	}
@@ -77,7 +80,7 @@ func printInfo(a *app, i *outbox.Info, asJSON bool) {
 		return
 	}
 	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    %d\nrescues:     %d\npayload:     %d bytes\n",
-		i.ID, i.Task.Topic, i.Task.Key, i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+		i.ID, printable(i.Task.Topic), printable(i.Task.Key), i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
 	if !i.PublishedAt.IsZero() {
 		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
 	}
@@ -85,7 +88,7 @@ func printInfo(a *app, i *outbox.Info, asJSON bool) {
 		fmt.Fprintf(a.stdout, "done:        %s (lateness %v)\n", i.DoneAt.Format(time.RFC3339Nano), i.DoneAt.Sub(i.Task.DueAt))
 	}
 	if i.LastError != "" {
-		fmt.Fprintf(a.stdout, "last error:  %s\n", i.LastError)
+		fmt.Fprintf(a.stdout, "last error:  %s\n", printable(i.LastError))
 	}
 }
 
@@ -102,4 +105,18 @@ func infoJSON(i *outbox.Info) map[string]any {
 		m["done"] = i.DoneAt
 	}
 	return m
+}
+
+// printable returns s as a table or a report may show it: unchanged when
+// every rune is printable, otherwise quoted with Go's escapes (strconv.Quote).
+// Keys and last errors come from whoever scheduled the task or from a
+// broker; printed raw, a newline or a terminal escape in one would forge
+// lines of the output, and a tab would shift a table's columns. Text that
+// starts with '"' is quoted too, so an escaped and a plain value never look
+// alike.
+func printable(s string) string {
+	if utf8.ValidString(s) && !strings.HasPrefix(s, `"`) && strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }

@@ -180,13 +180,13 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	plain := strings.Replace(f.amqpsURL, "amqps://", "amqp://", 1)
 	if conn, err := amqp.DialConfig(plain, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)}); err == nil {
 		conn.Close()
-		t.Fatalf("plain AMQP to %s succeeded", redactURL(plain))
+		t.Fatalf("plain AMQP to %s succeeded", rabbit.RedactURL(plain))
 	}
 	cfg.URL = strings.Replace(testenv.AMQPURL(), "amqp://", "amqps://", 1)
 	cfg.DialTimeout = 3 * time.Second
 	if p, err := rabbit.NewPublisher(context.Background(), cfg); err == nil {
 		p.Close()
-		t.Fatalf("TLS to the plain port %s succeeded", redactURL(cfg.URL))
+		t.Fatalf("TLS to the plain port %s succeeded", rabbit.RedactURL(cfg.URL))
 	}
 }
 
@@ -240,5 +240,26 @@ func writeCA(t *testing.T, path string) {
 	}
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Encryption without verification is reported as a warning, not as OK:
+// tls=skip-verify in the DSN, and --rocketmq-tls, whose client never
+// verifies. run logs the RocketMQ one before it refuses a bad flag.
+func TestTLS_DoctorWarnsOfUnverifiedTLS(t *testing.T) {
+	tlsFiles(t)
+	dsn := scratch(t)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn + "&tls=skip-verify"}, rabbitFlags(t)...)...)
+	if !strings.Contains(out, "WARN  database connection uses TLS (cipher ") || !strings.Contains(out, "does not verify the server's certificate (tls=skip-verify") ||
+		strings.Contains(out, "OK    database connection uses TLS") {
+		t.Errorf("doctor with tls=skip-verify:\n%s", out)
+	}
+	out, _, err := run(t, "doctor", "--mysql-dsn", dsn, "--broker", "rocket", "--rocketmq-tls", "--rocketmq-mode", "bogus")
+	if err == nil || !strings.Contains(out, "WARN  --rocketmq-tls: the RocketMQ client does not verify") {
+		t.Errorf("doctor --rocketmq-tls: %v\n%s", err, out)
+	}
+	_, errOut, err := run(t, "run", "--mysql-dsn", dsn, "--broker", "rocket", "--rocketmq-tls", "--rocketmq-mode", "bogus")
+	if err == nil || !strings.Contains(err.Error(), "--rocketmq-mode") || !strings.Contains(errOut, "level=WARN") || !strings.Contains(errOut, "does not verify") {
+		t.Errorf("run --rocketmq-tls: %v\n%s", err, errOut)
 	}
 }

@@ -73,7 +73,7 @@ func FuzzParseConfigFile(f *testing.F) {
 			return
 		}
 		for k := range m {
-			if k == "" || strings.ContainsAny(k, " \t\"'") {
+			if !validSettingName(k) {
 				t.Fatalf("accepted bad name %q", k)
 			}
 		}

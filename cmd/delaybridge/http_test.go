@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// Scrapes that arrive while the outbox is being read wait for that read and
+// report its result: ten concurrent scrapes cost one set of queries.
+func TestOutboxCollector_ConcurrentScrapesShareOneRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		var reads, running, most atomic.Int32
+		c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
+			reads.Add(1)
+			n := running.Add(1)
+			defer running.Add(-1)
+			if n > most.Load() {
+				most.Store(n)
+			}
+			<-gate
+			return &outbox.Stats{Dead: 7}, nil
+		}}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(c)
+		const scrapes = 10
+		var wg sync.WaitGroup
+		ups := make(chan float64, scrapes)
+		for range scrapes {
+			wg.Go(func() {
+				mfs, err := reg.Gather()
+				if err != nil {
+					t.Error(err)
+				}
+				for _, mf := range mfs {
+					if mf.GetName() == "delaybridge_outbox_up" {
+						ups <- mf.GetMetric()[0].GetGauge().GetValue()
+					}
+				}
+			})
+		}
+		synctest.Wait() // every scrape is reading or waiting for the read
+		close(gate)
+		wg.Wait()
+		close(ups)
+		if reads.Load() != 1 || most.Load() != 1 {
+			t.Fatalf("%d scrapes made %d reads, %d at once; want 1", scrapes, reads.Load(), most.Load())
+		}
+		n := 0
+		for up := range ups {
+			n++
+			if up != 1 {
+				t.Fatalf("a scrape reported delaybridge_outbox_up %v", up)
+			}
+		}
+		if n != scrapes {
+			t.Fatalf("%d of %d scrapes reported delaybridge_outbox_up", n, scrapes)
+		}
+		// The next scrape after the shared one reads again.
+		if _, err := reg.Gather(); err != nil {
+			t.Fatal(err)
+		}
+		if reads.Load() != 2 {
+			t.Fatalf("a later scrape reused an old read: %d reads", reads.Load())
+		}
+	})
+}
+
+// The endpoint's listener holds a connection past its cap in the accept
+// queue until one it accepted closes.
+func TestLimitListener_AcceptsNoMoreThanItsCapUntilOneCloses(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLimitListener(inner, 2)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 3)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	for range 3 {
+		c, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	first := <-accepted
+	<-accepted
+	select {
+	case <-accepted:
+		t.Fatal("a third connection was accepted while two were open")
+	case <-time.After(200 * time.Millisecond):
+	}
+	first.Close()
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing a connection did not free a slot")
+	}
+	// Close wakes an Accept that waits for a slot.
+	ln.Close()
+	if _, err := ln.Accept(); err == nil {
+		t.Fatal("Accept after Close succeeded")
+	}
+}
+
+func TestListenHTTP_WarnsOnlyBeyondLoopback(t *testing.T) {
+	for addr, warn := range map[string]bool{"127.0.0.1:0": false, "[::1]:0": false, "0.0.0.0:0": true} {
+		var logs bytes.Buffer
+		a := &app{log: slog.New(slog.NewTextHandler(&logs, nil))}
+		ln, err := a.listenHTTP(addr)
+		if err != nil {
+			if strings.HasPrefix(addr, "[::1]") {
+				continue // no IPv6 here
+			}
+			t.Fatal(err)
+		}
+		ln.Close()
+		if got := strings.Contains(logs.String(), "listens beyond loopback"); got != warn {
+			t.Errorf("listen on %s: warned %v, want %v\n%s", addr, got, warn, logs.String())
+		}
+	}
+}
+
+func TestNewHTTPServer_BoundsEveryPhaseOfAConnection(t *testing.T) {
+	srv := newHTTPServer(nil)
+	if srv.ReadHeaderTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 {
+		t.Fatalf("timeouts: read header %v, write %v, idle %v; want all set", srv.ReadHeaderTimeout, srv.WriteTimeout, srv.IdleTimeout)
+	}
+	if srv.WriteTimeout < 2*5*time.Second {
+		t.Fatalf("write timeout %v is shorter than a scrape that waits for another", srv.WriteTimeout)
+	}
+}
