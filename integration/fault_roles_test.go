@@ -140,6 +140,7 @@ func faultConsumer(ctx context.Context, cfg pipelineConfig, log *slog.Logger) er
 			Concurrency:    16,
 			HandlerTimeout: 20 * time.Second,
 			DeadLetter:     outbox.DeadLetter(db, nil),
+			OnRetry:        outbox.RecordRetry(db),
 			Logger:         log,
 		})
 		if err == nil {

@@ -138,9 +138,13 @@ type pipeline struct {
 	relay     *proc
 	consumer  *proc
 
-	next      atomic.Int64 // next order number
-	scheduled atomic.Int64
-	retries   atomic.Int64 // order transactions the service had to retry
+	next        atomic.Int64 // next order number
+	scheduled   atomic.Int64
+	retries     atomic.Int64 // order transactions the service had to retry
+	paid        atomic.Int64 // payments that went through
+	rescheduled atomic.Int64 // timeouts moved
+	lateToPay   atomic.Int64 // payments the timeout beat
+	business    sync.WaitGroup
 }
 
 func newPipeline(t *testing.T, kind, bin, logDir string) *pipeline {
@@ -241,9 +245,74 @@ func (p *pipeline) order(ctx context.Context, n int64) {
 		var me *mysql.MySQLError
 		if err == nil || (errors.As(err, &me) && me.Number == 1062) {
 			p.scheduled.Add(1)
-			return
+			break
 		}
 	}
+	// The rest of the order's life runs while the faults happen: one order
+	// in four is paid around its due time, racing the timeout; one in four
+	// has its timeout moved once, shortly after it was scheduled.
+	switch n % 4 {
+	case 1:
+		p.afterward(ctx, delay+time.Duration(n%11-5)*100*time.Millisecond, func() error { return p.pay(ctx, id) })
+	case 2:
+		p.afterward(ctx, 300*time.Millisecond, func() error { return p.moveTimeout(ctx, id, delay) })
+	}
+}
+
+// afterward runs f after d on a goroutine of its own, retrying it while it
+// fails (a fault is under way) and the test still runs.
+func (p *pipeline) afterward(ctx context.Context, d time.Duration, f func() error) {
+	p.business.Add(1)
+	go func() {
+		defer p.business.Done()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+		for ctx.Err() == nil && f() != nil {
+			p.retries.Add(1)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+}
+
+// pay is the payment: cancel the timeout task, then mark the order paid,
+// in one transaction. The timeout winning (ErrFinished) ends it; a retry
+// after a commit whose answer was lost finds the order paid and stops.
+func (p *pipeline) pay(ctx context.Context, id string) error {
+	tx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if err := outbox.Cancel(ctx, tx, p.cfg.Topic, id); errors.Is(err, outbox.ErrFinished) {
+		p.lateToPay.Add(1)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE fault_order SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", id); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	p.paid.Add(1)
+	return nil
+}
+
+// moveTimeout reschedules the order's timeout to a new time up to twice as
+// far: the messages already on their way for the old time must be skipped.
+func (p *pipeline) moveTimeout(ctx context.Context, id string, delay time.Duration) error {
+	err := outbox.Reschedule(ctx, p.db, p.cfg.Topic, id, time.Now().Add(delay/2+time.Second))
+	if errors.Is(err, outbox.ErrFinished) {
+		return nil
+	}
+	if err == nil {
+		p.rescheduled.Add(1)
+	}
+	return err
 }
 
 // produce schedules orders at rate per second until ctx ends or limit
@@ -427,6 +496,7 @@ func TestFaults_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 	}
 	stopProducing()
 	producing.Wait()
+	each(ps, func(p *pipeline) { p.business.Wait() })
 	t.Logf("scheduling done: %v", scheduledCounts(ps))
 
 	// Every task is due within 10s of its scheduling; give the scanner its
@@ -479,7 +549,8 @@ func allScheduled(ps []*pipeline, limit int64) bool {
 func scheduledCounts(ps []*pipeline) string {
 	var parts []string
 	for _, p := range ps {
-		parts = append(parts, fmt.Sprintf("%s %d (order transactions retried %d)", p.name, p.scheduled.Load(), p.retries.Load()))
+		parts = append(parts, fmt.Sprintf("%s %d (paid %d, the timeout first %d, rescheduled %d; transactions retried %d)",
+			p.name, p.scheduled.Load(), p.paid.Load(), p.lateToPay.Load(), p.rescheduled.Load(), p.retries.Load()))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -489,13 +560,15 @@ type faultRow struct {
 	broker                  string
 	tasks, lost, dup, early int
 	notDone, notCancelled   int
+	paidHandled, paid       int
 	p99, maxLate            time.Duration
 	recovery                []time.Duration // per injected fault
 }
 
 // verify reads the pipeline's database and asserts the promise: every
-// task handled, each effect once, none before its due time, every task
-// done and every order cancelled.
+// unpaid order's task handled, each effect once, none before its (latest)
+// due time, every paid order's task cancelled and never handled, and every
+// order either paid or cancelled.
 func (p *pipeline) verify(t *testing.T, faults []injected) faultRow {
 	t.Helper()
 	r := faultRow{broker: p.name}
@@ -505,11 +578,14 @@ func (p *pipeline) verify(t *testing.T, faults []injected) faultRow {
 		}
 	}
 	q(&r.tasks, "SELECT COUNT(*) FROM fault_order")
-	q(&r.lost, "SELECT COUNT(*) FROM fault_order o WHERE NOT EXISTS (SELECT 1 FROM fault_effect e WHERE e.task_key = o.id)")
+	q(&r.paid, "SELECT COUNT(*) FROM fault_order WHERE status = 'PAID'")
+	q(&r.lost, "SELECT COUNT(*) FROM fault_order o WHERE o.status <> 'PAID' AND NOT EXISTS (SELECT 1 FROM fault_effect e WHERE e.task_key = o.id)")
+	q(&r.paidHandled, "SELECT COUNT(*) FROM fault_order o WHERE o.status = 'PAID' AND EXISTS (SELECT 1 FROM fault_effect e WHERE e.task_key = o.id)")
 	q(&r.dup, "SELECT COUNT(*) FROM (SELECT task_key FROM fault_effect GROUP BY task_key HAVING COUNT(*) > 1) d")
 	q(&r.early, "SELECT COUNT(*) FROM fault_effect e JOIN delay_task d ON d.task_key = e.task_key WHERE e.handled_ms < d.due_ms")
-	q(&r.notDone, "SELECT COUNT(*) FROM delay_task WHERE state <> 'done'")
-	q(&r.notCancelled, "SELECT COUNT(*) FROM fault_order WHERE status <> 'CANCELLED'")
+	q(&r.notDone, `SELECT COUNT(*) FROM delay_task d JOIN fault_order o ON o.id = d.task_key
+WHERE d.state <> IF(o.status = 'PAID', 'cancelled', 'done')`)
+	q(&r.notCancelled, "SELECT COUNT(*) FROM fault_order WHERE status NOT IN ('CANCELLED', 'PAID')")
 
 	rows, err := p.db.Query("SELECT d.due_ms, MIN(e.handled_ms) FROM delay_task d JOIN fault_effect e ON e.task_key = d.task_key GROUP BY d.id ORDER BY d.due_ms")
 	if err != nil {
@@ -555,18 +631,21 @@ func (p *pipeline) verify(t *testing.T, faults []injected) faultRow {
 	if r.tasks == 0 {
 		t.Errorf("%s: no task was scheduled", p.name)
 	}
-	if r.lost != 0 || r.dup != 0 || r.early != 0 || r.notDone != 0 || r.notCancelled != 0 {
-		t.Errorf("%s: %d tasks: lost %d, duplicate effects %d, early %d, not done %d, orders not cancelled %d",
-			p.name, r.tasks, r.lost, r.dup, r.early, r.notDone, r.notCancelled)
+	if r.paid == 0 {
+		t.Errorf("%s: no payment went through: the pay race was not exercised", p.name)
+	}
+	if r.lost != 0 || r.dup != 0 || r.early != 0 || r.notDone != 0 || r.notCancelled != 0 || r.paidHandled != 0 {
+		t.Errorf("%s: %d tasks: lost %d, duplicate effects %d, early %d, task state contradicting its order %d, orders neither paid nor cancelled %d, paid orders handled %d",
+			p.name, r.tasks, r.lost, r.dup, r.early, r.notDone, r.notCancelled, r.paidHandled)
 	}
 	return r
 }
 
 func faultReport(rows []faultRow, faults []injected) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | tasks | faults | lost | duplicate effects | early | p99 lateness | max lateness |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| broker | tasks | paid | faults | lost | duplicate effects | early | paid but handled | p99 lateness | max lateness |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %v | %v |\n", r.broker, r.tasks, len(faults), r.lost, r.dup, r.early,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %v | %v |\n", r.broker, r.tasks, r.paid, len(faults), r.lost, r.dup, r.early, r.paidHandled,
 			r.p99.Round(time.Millisecond), r.maxLate.Round(time.Millisecond))
 	}
 	fmt.Fprintf(&b, "\n| fault | lasted |")
