@@ -166,7 +166,7 @@ func TestDeadLetter_NamesTheTaskByIDAndChecksItAgainstTheRow(t *testing.T) {
 	// Reasons that are about the delivery, not the task, never mark a row,
 	// even one the message names exactly.
 	same := &broker.Message{TaskID: fresh, Topic: "order-cancel", Key: "reused", DeliverAt: time.Now()}
-	for _, reason := range []error{broker.ErrTooFar, broker.ErrWrongTopic, &broker.EnvelopeError{Header: "x", Reason: "y"}} {
+	for _, reason := range []error{broker.ErrTooFar, broker.ErrWrongTopic, broker.ErrForged, &broker.EnvelopeError{Header: "x", Reason: "y"}} {
 		if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, reason); err != nil {
 			t.Fatal(err)
 		}
@@ -220,5 +220,28 @@ func TestReschedule_ResetsTheRescueBackoffAndAttempts(t *testing.T) {
 	}
 	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0"); got != 1 {
 		t.Fatal("Replay kept the old rescue count or attempts")
+	}
+}
+
+// A row written by hand that no broker can carry goes dead with its reason
+// and does not hold up the valid rows claimed with it.
+func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	b.schedule(t, outbox.Task{Topic: "hand", Key: "good", DueAt: time.Now()})
+	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
+VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 2 {
+		t.Fatalf("Once = %d, %v", n, err)
+	}
+	if got := b.count(t, "task_key = 'epoch' AND state = 'dead' AND last_error LIKE 'invalid row: %'"); got != 1 {
+		t.Fatal("the row with due_ms 0 is not dead with its reason")
+	}
+	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
+		t.Fatal("the valid row beside it was not published")
 	}
 }

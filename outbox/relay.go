@@ -217,6 +217,23 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 
+	// A row no broker would carry (written by hand or by another program:
+	// a due time of 0, a key too long) goes dead with the reason at once;
+	// it must not be retried forever nor hold up the rows beside it.
+	claimed := len(batch)
+	batch, invalid := splitInvalid(batch)
+	for reason, rows := range invalid {
+		if _, err := MarkDead(ctx, r.db, owner, StatePending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
+			return claimed, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err)
+		}
+		r.cfg.Logger.Error("delaybridge relay: a row no broker can carry; marked dead", "rows", len(rows), "reason", reason)
+		if r.cfg.Hooks.Dead != nil {
+			r.cfg.Hooks.Dead(len(rows))
+		}
+	}
+	if len(batch) == 0 {
+		return claimed, nil
+	}
 	msgs := make([]*broker.Message, len(batch))
 	for i, c := range batch {
 		msgs[i] = c.Message
@@ -280,17 +297,35 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if len(errs) > 0 {
 		// The rows keep their lease and are claimed again when it expires:
 		// at worst published twice, which Handle makes harmless.
-		return len(batch), fmt.Errorf("outbox relay: %w", errors.Join(errs...))
+		return claimed, fmt.Errorf("outbox relay: %w", errors.Join(errs...))
 	}
 	if stopping {
-		return len(batch), ctx.Err()
+		return claimed, ctx.Err()
 	}
-	return len(batch), nil
+	return claimed, nil
 }
 
 // recordTimeout bounds recording one claim's outcome, which runs on after
 // the caller's context ended.
 const recordTimeout = 10 * time.Second
+
+// splitInvalid takes out of batch the rows whose message fails Validate,
+// grouped by the reason.
+func splitInvalid(batch []Claimed) (valid []Claimed, invalid map[string][]Claimed) {
+	valid = batch[:0:0]
+	for _, c := range batch {
+		if err := c.Message.Validate(); err != nil {
+			if invalid == nil {
+				invalid = map[string][]Claimed{}
+			}
+			reason := "invalid row: " + err.Error()
+			invalid[reason] = append(invalid[reason], c)
+			continue
+		}
+		valid = append(valid, c)
+	}
+	return valid, invalid
+}
 
 // byReason groups rows of batch (a subset, sub) by the text of their
 // publish error, so one statement records each distinct reason.

@@ -226,6 +226,13 @@ func (c Config) withDefaults() (Config, error) {
 		if top := c.Unit << (c.Depth - 1); top > MaxLevelTTL || top>>(c.Depth-1) != c.Unit {
 			return c, fmt.Errorf("rabbit: Config.Unit %v with Depth %d makes the top level's TTL exceed %v; lower Depth", c.Unit, c.Depth, MaxLevelTTL)
 		}
+		// A hop of the longest delay, less the lead, must still spend at
+		// least one unit in the ladder; otherwise it comes straight back,
+		// just as early, and is hopped again without end.
+		if hop := LadderMaxHop(c.Unit, c.Depth); hop-max(c.Lead, 0) < c.Unit {
+			return c, fmt.Errorf("rabbit: Config.Depth %d with Unit %v gives a longest hop of %v, which the %v Lead leaves under one unit: no hop could make progress; raise Depth or lower Lead",
+				c.Depth, c.Unit, hop, max(c.Lead, 0))
+		}
 	case ModeDelayedExchange:
 	default:
 		return c, fmt.Errorf("rabbit: unknown Config.Mode %d", int(c.Mode))

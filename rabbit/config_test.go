@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRedactURL_HidesThePasswordEvenWhenTheURLDoesNotParse(t *testing.T) {
@@ -52,6 +53,30 @@ func TestNewPublisher_MalformedURLErrorHidesThePassword(t *testing.T) {
 		}
 		if !strings.Contains(msg, "u:xxxxx@") || !strings.Contains(msg, "not a valid AMQP URL") {
 			t.Errorf("NewPublisher(%q): the error does not name the redacted URL: %v", raw, err)
+		}
+	}
+}
+
+// A ladder whose longest hop, less the lead, is under one unit would
+// deliver every hop at once and hop the message again without end.
+func TestConfig_RefusesALadderWhoseHopsCannotMakeProgress(t *testing.T) {
+	for _, c := range []struct {
+		depth int
+		lead  time.Duration
+		ok    bool
+	}{
+		{1, 0, true},
+		{1, 200 * time.Millisecond, false},
+		{2, 200 * time.Millisecond, true},
+		{2, 250 * time.Millisecond, false},
+	} {
+		cfg := Config{URL: "amqp://u:p@127.0.0.1:5672/", Unit: 100 * time.Millisecond, Depth: c.depth, Lead: c.lead}
+		if c.lead == 0 {
+			cfg.Lead = -1
+		}
+		_, err := cfg.withDefaults()
+		if (err == nil) != c.ok {
+			t.Errorf("depth %d, lead %v: err = %v, want ok %v", c.depth, c.lead, err, c.ok)
 		}
 	}
 }
