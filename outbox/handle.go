@@ -158,7 +158,7 @@ WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pe
 // marksTaskDead reports whether a dead-letter reason is a verdict on the
 // task rather than on the delivery that carried it.
 func marksTaskDead(reason error) bool {
-	for _, notTheTask := range []error{broker.ErrNoEnvelope, broker.ErrMalformedEnvelope, broker.ErrTooFar, broker.ErrWrongTopic} {
+	for _, notTheTask := range []error{broker.ErrNoEnvelope, broker.ErrMalformedEnvelope, broker.ErrTooFar, broker.ErrWrongTopic, broker.ErrForged} {
 		if errors.Is(reason, notTheTask) {
 			return false
 		}

@@ -43,6 +43,8 @@ type brokerFlags struct {
 	rocketAK    string
 	rocketSK    string
 	rocketTLS   bool
+
+	signingKeys string
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -66,7 +68,32 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.rocketAK, "rocketmq-access-key", "", "RocketMQ ACL access key (with --rocketmq-secret-key)")
 	fs.StringVar(&b.rocketSK, "rocketmq-secret-key", "", "RocketMQ ACL secret key; prefer --rocketmq-secret-key-file or the environment")
 	fs.BoolVar(&b.rocketTLS, "rocketmq-tls", false, "talk TLS to the RocketMQ name servers and brokers; the client does not verify their certificates (see SECURITY.md)")
+	fs.StringVar(&b.signingKeys, "signing-keys", "", "sign every message and refuse deliveries not signed by these keys: id:base64secret entries (secret at least 32 bytes), comma separated, the first signs; give every relay and consumer the same keys (see SECURITY.md); prefer --signing-keys-file")
 	registerSecretFiles(fs)
+}
+
+// keyring parses --signing-keys, nil when unset.
+func (b *brokerFlags) keyring() (broker.Keyring, error) {
+	if b.signingKeys == "" {
+		return nil, nil
+	}
+	ring, err := broker.ParseKeyring(b.signingKeys)
+	if err != nil {
+		return nil, fmt.Errorf("--signing-keys: %w", err)
+	}
+	return ring, nil
+}
+
+// sign wraps c's publisher and subscriber in the keyring, when there is one.
+func (c *clients) sign(ring broker.Keyring) *clients {
+	if ring == nil {
+		return c
+	}
+	c.pub = broker.Signed(c.pub, ring)
+	if c.sub != nil {
+		c.sub = broker.Verified(c.sub, ring)
+	}
+	return c
 }
 
 // mode names the configured delay mode for reports.
@@ -178,6 +205,9 @@ func (b *brokerFlags) check(a *app) error {
 	for _, w := range b.warnings() {
 		a.log.Warn("delaybridge: " + w)
 	}
+	if _, err := b.keyring(); err != nil {
+		return err
+	}
 	switch b.kind {
 	case "rabbit":
 		_, err := b.rabbitConfig(a)
@@ -191,6 +221,19 @@ func (b *brokerFlags) check(a *app) error {
 
 // open connects the chosen adapter. withSub also builds a subscriber.
 func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients, error) {
+	ring, err := b.keyring()
+	if err != nil {
+		return nil, err
+	}
+	c, err := b.openAdapter(ctx, a, withSub)
+	if err != nil {
+		return nil, err
+	}
+	return c.sign(ring), nil
+}
+
+// openAdapter connects the chosen adapter, unsigned.
+func (b *brokerFlags) openAdapter(ctx context.Context, a *app, withSub bool) (*clients, error) {
 	switch b.kind {
 	case "rabbit":
 		cfg, err := b.rabbitConfig(a)

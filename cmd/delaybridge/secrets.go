@@ -19,7 +19,7 @@ const fileSuffix = "-file"
 
 // secretFlags are the flags whose values may carry a password or a key.
 // Each has a -file companion, and their values are scrubbed from errors.
-var secretFlags = []string{"mysql-dsn", "amqp-url", "rocketmq-secret-key"}
+var secretFlags = []string{"mysql-dsn", "amqp-url", "rocketmq-secret-key", "signing-keys"}
 
 // maxSecretFile bounds what a secret file may hold; a DSN or key is short,
 // so anything bigger is a wrong path, not a secret.
