@@ -69,7 +69,7 @@ func DeadMessage(d *Delivery, reason error, topic string) *Message {
 		dead[DeadHeaderTopic] = m.Topic
 		dead[DeadHeaderAttempt] = strconv.Itoa(m.Attempt)
 	} else {
-		m = &Message{Key: "malformed", Payload: append([]byte(nil), d.Body...)}
+		m = &Message{Key: "malformed", Payload: append([]byte(nil), d.Body[:min(len(d.Body), MaxBody)]...)}
 		budget = MaxHeaderBytes / 2
 		orig = map[string]string{}
 		for k, v := range d.Headers {

@@ -84,6 +84,9 @@ func Decode(headers map[string]string, body []byte) (*Message, error) {
 	if v != EnvelopeVersion {
 		return nil, &EnvelopeError{Header: HeaderVersion, Reason: fmt.Sprintf("version %.16q, want %q", v, EnvelopeVersion)}
 	}
+	if len(body) > MaxBody {
+		return nil, &EnvelopeError{Header: "body", Reason: fmt.Sprintf("%d bytes, more than the %d any delaybridge message carries", len(body), MaxBody)}
+	}
 	m := &Message{Payload: body}
 	var err error
 	if m.Topic, err = required(headers, HeaderTopic); err != nil {

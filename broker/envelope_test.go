@@ -217,3 +217,23 @@ func TestPublishError_UnwrapFindsAnyFailure(t *testing.T) {
 		t.Fatalf("a plain error must fail every message: %v", all)
 	}
 }
+
+// A body larger than any delaybridge message is malformed before any
+// field is read, and its dead letter carries at most MaxBody of it.
+func TestDecode_BodyOverMaxBodyIsMalformed(t *testing.T) {
+	t.Parallel()
+	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: broker.MillisUTC(time.Now())}
+	big := make([]byte, broker.MaxBody+1)
+	_, err := broker.Decode(broker.Encode(m), big)
+	var ee *broker.EnvelopeError
+	if !errors.As(err, &ee) || ee.Header != "body" {
+		t.Fatalf("Decode of %d bytes = %v, want an EnvelopeError for the body", len(big), err)
+	}
+	if _, err := broker.Decode(broker.Encode(m), big[:broker.MaxBody]); err != nil {
+		t.Fatalf("Decode of MaxBody bytes = %v", err)
+	}
+	dead := broker.DeadMessage(&broker.Delivery{Err: err, Headers: broker.Encode(m), Body: big}, err, "dead")
+	if len(dead.Payload) > broker.MaxBody {
+		t.Fatalf("dead letter carries %d bytes", len(dead.Payload))
+	}
+}

@@ -66,6 +66,18 @@ type Message struct {
 	Headers map[string]string
 }
 
+// MaxTrackedTopics bounds the per-topic state an adapter keeps (topics
+// declared, routes seen): past it, the state is dropped and rebuilt as
+// needed, so a producer naming ever new topics cannot grow a process
+// without end.
+const MaxTrackedTopics = 10_000
+
+// MaxBody is the largest message body a subscriber hands to the runtime:
+// RocketMQ's default body limit, above the outbox's largest payload. A
+// bigger delivery is malformed (it was not published by delaybridge) and
+// goes to dead without reaching a handler.
+const MaxBody = 4 << 20
+
 // Clone returns a deep copy of m, so a re-publish never shares maps or
 // slices with the delivery it came from.
 func (m *Message) Clone() *Message {

@@ -123,10 +123,13 @@ type Config struct {
 	// the consumer runtime until due; Limits().Precision is Unit + Lead.
 	// Negative means none. Default DefaultLead.
 	Lead time.Duration
-	// MaxLength is the x-max-length of each ladder queue; with
-	// x-overflow=reject-publish a publish into a full level is nacked and
-	// Publish reports that message failed. Negative means no guard. Default
-	// DefaultMaxLength. Changing it needs the ladder queues deleted first.
+	// MaxLength is the x-max-length of each ladder queue and each topic's
+	// queue; with x-overflow=reject-publish a publish into a full queue is
+	// nacked and Publish reports that message failed (the relay retries it
+	// later), and a full topic queue holds back the ladder's last level.
+	// Negative means no guard. Default DefaultMaxLength. Changing it needs
+	// the queues deleted first (RabbitMQ refuses to redeclare a queue with
+	// other arguments).
 	MaxLength int
 	// ConfirmWindow bounds the publishes awaiting a confirm on each
 	// channel. Default DefaultConfirmWindow.

@@ -207,7 +207,15 @@ func (t topology) declare(ch *amqp.Channel) error {
 // messages come out.
 func (t topology) declareTopic(ch *amqp.Channel, topic string) error {
 	q := t.topicQueue(topic)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, quorum(nil)); err != nil {
+	// A topic's queue is bounded like a ladder level: a consumer that is
+	// down must not let one topic fill the broker's memory. At the bound a
+	// publish is nacked (the relay retries it later) and the last level
+	// keeps its due messages until there is room.
+	var args amqp.Table
+	if t.cfg.MaxLength > 0 {
+		args = amqp.Table{"x-max-length": int64(t.cfg.MaxLength), "x-overflow": "reject-publish"}
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, quorum(args)); err != nil {
 		return fmt.Errorf("rabbit: declare queue %s: %w", q, err)
 	}
 	x, key := t.deliveryExchange(), topic

@@ -353,3 +353,26 @@ func TestLadder_EveryDelayTakesExactlyItsUnits(t *testing.T) {
 		}
 	}
 }
+
+// A topic's queue is bounded too: a producer cannot fill the broker
+// through a topic nobody consumes.
+func TestTopicQueue_FullQueueNacksThePublish(t *testing.T) {
+	b := setup(t)
+	b.cfg.MaxLength = 3
+	pub, _ := b.clients(t, "unread")
+	var ok, nacked int
+	for i := range 8 {
+		err := broker.PublishResults(pub.Publish(context.Background(), &broker.Message{Topic: "unread", Key: fmt.Sprint(i), DeliverAt: broker.MillisUTC(time.Now())}), 1)[0]
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrNacked):
+			nacked++
+		default:
+			t.Fatalf("publish %d: %v, want nil or ErrNacked", i, err)
+		}
+	}
+	if ok < 3 || nacked == 0 {
+		t.Errorf("confirmed %d, nacked %d: want the first 3 confirmed and the publishes over the bound nacked", ok, nacked)
+	}
+}

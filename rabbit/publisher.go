@@ -325,6 +325,9 @@ func (l *pubLoop) pump() {
 				r.settle(i, err)
 				continue
 			}
+			if len(l.declared) >= broker.MaxTrackedTopics {
+				clear(l.declared) // declaring again is idempotent and cheap
+			}
 			l.declared[m.topic] = true
 		}
 		tag := l.ch.GetNextPublishSeqNo()

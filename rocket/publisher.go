@@ -225,6 +225,18 @@ func (p *Publisher) sendSync(ctx context.Context, msg *primitive.Message) (*prim
 	p.routesMu.Lock()
 	ready, seen := p.routed[msg.Topic]
 	if !seen {
+		if len(p.routed) >= broker.MaxTrackedTopics {
+			// A producer can name any number of topics; forget the ones
+			// already routed (a send finds their route in the client's
+			// cache, or waits once more) rather than grow without end.
+			for t, ch := range p.routed {
+				select {
+				case <-ch:
+					delete(p.routed, t)
+				default:
+				}
+			}
+		}
 		ready = make(chan struct{})
 		p.routed[msg.Topic] = ready
 	}

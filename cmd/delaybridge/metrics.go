@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -147,6 +148,40 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// maxTopicSeries bounds the topic series per state: producers choose topic
+// names, and a series per topic would let them grow every scrape without
+// end.
+const maxTopicSeries = 200
+
+// otherTopics labels the sum of the topics past maxTopicSeries; it is not
+// a legal topic name, so it never collides with one.
+const otherTopics = "(other)"
+
+// capTopics keeps the n topics with the most tasks (ties by name) and adds
+// the rest up under otherTopics.
+func capTopics(topics map[string]int, n int) map[string]int {
+	if len(topics) <= n {
+		return topics
+	}
+	names := make([]string, 0, len(topics))
+	for t := range topics {
+		names = append(names, t)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := topics[names[i]], topics[names[j]]
+		return a > b || a == b && names[i] < names[j]
+	})
+	out := make(map[string]int, n+1)
+	for i, t := range names {
+		if i < n {
+			out[t] = topics[t]
+		} else {
+			out[otherTopics] += topics[t]
+		}
+	}
+	return out
+}
+
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	r := c.stats()
 	if r.err != nil {
@@ -157,7 +192,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	st, now := r.st, r.now
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 1)
 	for state, topics := range st.Backlog {
-		for topic, n := range topics {
+		for topic, n := range capTopics(topics, maxTopicSeries) {
 			ch <- prometheus.MustNewConstMetric(descTasks, prometheus.GaugeValue, float64(n), string(state), topic)
 		}
 	}
