@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -243,5 +244,31 @@ VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
 	}
 	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
 		t.Fatal("the valid row beside it was not published")
+	}
+}
+
+// A claim holds at most MaxBatchBytes of payloads, and always one row, so
+// a row larger than the budget still goes out.
+func TestRelay_ClaimStopsAtItsByteBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	for i := range 5 {
+		b.schedule(t, outbox.Task{Topic: "bytes", Key: fmt.Sprint(i), DueAt: time.Now().Add(time.Duration(i-10) * time.Second), Payload: make([]byte, 100<<10)})
+	}
+	r := newRelay(t, b, mem, outbox.RelayConfig{MaxBatchBytes: 250 << 10})
+	for _, want := range []int{2, 2, 1} {
+		if n, err := r.Once(b.ctx); err != nil || n != want {
+			t.Fatalf("Once = %d, %v; want %d rows of 100 KiB under a 250 KiB budget", n, err, want)
+		}
+	}
+	b.schedule(t, outbox.Task{Topic: "bytes", Key: "big", DueAt: time.Now(), Payload: make([]byte, 200<<10)})
+	small := newRelay(t, b, mem, outbox.RelayConfig{MaxBatchBytes: 150 << 10})
+	if n, err := small.Once(b.ctx); err != nil || n != 1 {
+		t.Fatalf("a row over the budget: Once = %d, %v; want it alone", n, err)
+	}
+	if got := b.count(t, "topic = 'bytes' AND state = 'published' AND LENGTH(payload) >= 100 * 1024"); got != 6 {
+		t.Fatalf("%d rows published with their payloads, want 6", got)
 	}
 }

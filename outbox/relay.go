@@ -40,6 +40,10 @@ type RelayConfig struct {
 	// blocked (a memory alarm) fails the batch then, and its rows are
 	// retried with backoff. Default 10s.
 	PublishTimeout time.Duration
+	// MaxBatchBytes bounds the payload bytes one claim holds in memory;
+	// a claim stops taking rows at it (but always takes one). Default
+	// DefaultMaxBatchBytes.
+	MaxBatchBytes int64
 	// Lease is how long a claim owns its rows before another claim may take
 	// them; it must outlast PublishTimeout, so only a relay that died
 	// mid-batch ever loses its rows to another. Default 30s.
@@ -87,6 +91,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Lease <= 0 {
 		c.Lease = max(DefaultLease, c.PublishTimeout+recordTimeout)
 	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -100,6 +107,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 const (
 	DefaultPublishTimeout = 10 * time.Second
 	DefaultLease          = 30 * time.Second
+	// DefaultMaxBatchBytes is 64 MiB: a batch of 1,000 tasks of 64 KiB
+	// each, or 16 of the largest payloads Schedule accepts.
+	DefaultMaxBatchBytes = 64 << 20
 )
 
 // Relay moves pending tasks into a broker. It leases a batch of rows in a
@@ -208,7 +218,7 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	owner := NewLeaseOwner()
 	batch, err := ClaimLeased(ctx, r.db, ClaimSpec{
 		State: StatePending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
-		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(),
+		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)

@@ -225,7 +225,7 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	owner := outbox.NewLeaseOwner()
 	claimed, err := outbox.ClaimLeased(ctx, s.db, outbox.ClaimSpec{
 		State: outbox.StatePublished, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut,
-		Limit: s.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(s.cfg.Lease).UnixMilli(),
+		Limit: s.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(s.cfg.Lease).UnixMilli(), MaxBytes: outbox.DefaultMaxBatchBytes,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("scanner: %w", err)

@@ -31,6 +31,8 @@ func newRunCmd(a *app) *cobra.Command {
 		noScan    bool
 		noClean   bool
 		drain     time.Duration
+		pubWait   time.Duration
+		maxBytes  int64
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -67,11 +69,12 @@ back (up to --drain) and exits 0.`,
 			}
 			defer cl.close()
 			m := newMetrics(db, grace, a.log)
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Horizon: horizon, Hooks: m.relayHooks(), Logger: a.log})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Horizon: horizon,
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {
 				return err
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, Hooks: m.scannerHooks(), Logger: a.log})
+			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: m.scannerHooks(), Logger: a.log})
 			if err != nil {
 				return err
 			}
@@ -135,6 +138,8 @@ back (up to --drain) and exits 0.`,
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
 	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
+	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "how long one batch's publish may take before its rows are retried later; no database lock is held meanwhile")
+	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
 	return cmd
 }
 
