@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -41,7 +44,87 @@ func (r *reasons) count(target error) int {
 	return n
 }
 
-// TestForged_MessagesFromWhoeverCanPublishChangeNothing publishes raw AMQP
+// forgeTarget is one broker under attack: its publisher and subscriber for
+// the victim topic, and a way to put a raw message into that topic's
+// queue as anyone with write access to the broker could.
+type forgeTarget struct {
+	pub   broker.Publisher
+	sub   broker.Subscriber
+	forge func(m *broker.Message)
+	// copiesIn counts the messages waiting in a topic's queue, where the
+	// broker can tell (RabbitMQ); -1 where it cannot.
+	copiesIn func(topic string) int
+}
+
+func rabbitForgeTarget(t *testing.T, victim string) forgeTarget {
+	cfg := rabbitConfig(t)
+	pub, err := rabbit.NewPublisher(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := rabbit.NewSubscriber(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+	conn, err := amqp.Dial(cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return forgeTarget{pub: pub, sub: sub,
+		forge: func(m *broker.Message) {
+			h := amqp.Table{}
+			for k, v := range broker.Encode(m) {
+				h[k] = v
+			}
+			if err := ch.Publish("", cfg.Prefix+".q."+victim, false, false, amqp.Publishing{Headers: h, Body: m.Payload, DeliveryMode: amqp.Persistent}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		copiesIn: func(topic string) int {
+			q, err := ch.QueueDeclarePassive(cfg.Prefix+".q."+topic, true, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Messages
+		},
+	}
+}
+
+func rocketForgeTarget(t *testing.T, victim string) forgeTarget {
+	requireRocketMQ(t)
+	ns := strings.Split(testenv.RocketMQ(t), ",")
+	createRocketTopic(t, ns, testenv.RocketBrokerAddr(), victim+"_other")
+	pub, sub := rocketAdapter(t).open(t, victim)
+	prod, err := producer.NewDefaultProducer(producer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
+		producer.WithGroupName(victim+"_forger"), producer.WithInstanceName(victim+"_forger"), producer.WithSendMsgTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prod.Shutdown() })
+	return forgeTarget{pub: pub, sub: sub,
+		forge: func(m *broker.Message) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			raw := primitive.NewMessage(victim, m.Payload)
+			raw.WithProperties(broker.Encode(m))
+			if _, err := prod.SendSync(ctx, raw); err != nil {
+				t.Fatal(err)
+			}
+		},
+		copiesIn: func(string) int { return -1 },
+	}
+}
+
+// TestForged_MessagesFromWhoeverCanPublishChangeNothing publishes raw
 // messages into a topic's queue, as anyone with write access to the broker
 // could: a task due in an hour claimed due now, a task of another topic,
 // and a due time far beyond the horizon. The database is the authority:
@@ -49,111 +132,88 @@ func (r *reasons) count(target error) int {
 // signing keys, each is refused outright.
 func TestForged_MessagesFromWhoeverCanPublishChangeNothing(t *testing.T) {
 	skipIfShort(t)
-	for _, signed := range []bool{false, true} {
-		name := map[bool]string{false: "database authority", true: "signed envelopes"}[signed]
-		t.Run(name, func(t *testing.T) {
-			f := newFlow(t)
-			other := f.topic + "_other"
-			cfg := rabbitConfig(t)
-			var pub broker.Publisher
-			rp, err := rabbit.NewPublisher(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sub broker.Subscriber
-			rs, err := rabbit.NewSubscriber(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = rs.Close(); _ = rp.Close() })
-			pub, sub = rp, rs
-			if signed {
-				ring, err := broker.ParseKeyring("k1:" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))))
-				if err != nil {
-					t.Fatal(err)
-				}
-				pub, sub = broker.Signed(rp, ring), broker.Verified(rs, ring)
-			}
-			dead := &reasons{}
-			c, err := broker.NewConsumer(sub, pub, f.handler(t), broker.ConsumerConfig{Logger: quiet(), DeadLetter: outbox.DeadLetter(f.db, dead)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Start(f.ctx, f.topic); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = c.Close(ctx)
-			})
-			f.relay(t, pub)
-			due := time.Now().Add(time.Hour)
-			f.order(t, "victim", due)
-			tx, err := f.db.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			otherID, err := outbox.Schedule(f.ctx, tx, outbox.Task{Topic: other, Key: "bystander", DueAt: time.Now()})
-			if err != nil || tx.Commit() != nil {
-				t.Fatalf("schedule the other topic's task: %v", err)
-			}
-			var victimID int64
-			if err := f.db.QueryRow("SELECT id FROM delay_task WHERE task_key = 'victim'").Scan(&victimID); err != nil {
-				t.Fatal(err)
-			}
-			for f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending'") > 0 {
-				time.Sleep(50 * time.Millisecond)
-			}
+	for _, target := range []struct {
+		name string
+		open func(t *testing.T, victim string) forgeTarget
+	}{{"rabbit", rabbitForgeTarget}, {"rocket", rocketForgeTarget}} {
+		for _, signed := range []bool{false, true} {
+			name := target.name + "/" + map[bool]string{false: "database authority", true: "signed envelopes"}[signed]
+			t.Run(name, func(t *testing.T) { forgeAndCheck(t, target.open, signed) })
+		}
+	}
+}
 
-			conn, err := amqp.Dial(cfg.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			ch, err := conn.Channel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			forge := func(m *broker.Message) {
-				h := amqp.Table{}
-				for k, v := range broker.Encode(m) {
-					h[k] = v
-				}
-				if err := ch.Publish("", cfg.Prefix+".q."+f.topic, false, false, amqp.Publishing{Headers: h, Body: m.Payload, DeliveryMode: amqp.Persistent}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			now := broker.MillisUTC(time.Now())
-			forge(&broker.Message{TaskID: victimID, Topic: f.topic, Key: "victim", DeliverAt: now})
-			forge(&broker.Message{TaskID: otherID, Topic: other, Key: "bystander", DeliverAt: now})
-			forge(&broker.Message{TaskID: victimID, Topic: f.topic, Key: "victim", DeliverAt: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)})
+func forgeAndCheck(t *testing.T, open func(t *testing.T, victim string) forgeTarget, signed bool) {
+	f := newFlow(t)
+	other := f.topic + "_other"
+	tg := open(t, f.topic)
+	pub, sub := tg.pub, tg.sub
+	if signed {
+		ring, err := broker.ParseKeyring("k1:" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, sub = broker.Signed(pub, ring), broker.Verified(sub, ring)
+	}
+	dead := &reasons{}
+	c, err := broker.NewConsumer(sub, pub, f.handler(t), broker.ConsumerConfig{Logger: quiet(), DeadLetter: outbox.DeadLetter(f.db, dead)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(f.ctx, f.topic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	f.relay(t, pub)
+	f.order(t, "victim", time.Now().Add(time.Hour))
+	tx, err := f.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID, err := outbox.Schedule(f.ctx, tx, outbox.Task{Topic: other, Key: "bystander", DueAt: time.Now()})
+	if err != nil || tx.Commit() != nil {
+		t.Fatalf("schedule the other topic's task: %v", err)
+	}
+	var victimID int64
+	if err := f.db.QueryRow("SELECT id FROM delay_task WHERE task_key = 'victim'").Scan(&victimID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the relay to publish both tasks", func() bool {
+		return f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending'") == 0
+	})
 
-			if signed {
-				eventually(t, "three forged deliveries refused", func() bool { return dead.count(broker.ErrForged) == 3 })
-			} else {
-				eventually(t, "the wrong-topic and too-far deliveries refused", func() bool {
-					return dead.count(broker.ErrWrongTopic) == 1 && dead.count(broker.ErrTooFar) == 1
-				})
-				time.Sleep(2 * time.Second) // the early one: waits, or hops towards its real due time
-			}
-			if f.runs.Load() != 0 {
-				t.Fatalf("a handler ran %d times for forged messages", f.runs.Load())
-			}
-			for key, want := range map[string]outbox.State{"victim": outbox.StatePublished, "bystander": outbox.StatePublished} {
-				var st string
-				if err := f.db.QueryRow("SELECT state FROM delay_task WHERE task_key = ?", key).Scan(&st); err != nil {
-					t.Fatal(err)
-				}
-				if outbox.State(strings.TrimSpace(st)) != want {
-					t.Errorf("%s: state %s after the forged messages, want %s", key, st, want)
-				}
-			}
-			q, err := ch.QueueDeclarePassive(cfg.Prefix+".q."+other, true, false, false, false, nil)
-			if err == nil && q.Messages > 1 {
-				t.Errorf("the other topic's queue holds %d messages: a forged one was re-published into it", q.Messages)
-			}
+	now := broker.MillisUTC(time.Now())
+	body := []byte("forged")
+	tg.forge(&broker.Message{TaskID: victimID, Topic: f.topic, Key: "victim", DeliverAt: now, Payload: body})
+	tg.forge(&broker.Message{TaskID: otherID, Topic: other, Key: "bystander", DeliverAt: now, Payload: body})
+	tg.forge(&broker.Message{TaskID: victimID, Topic: f.topic, Key: "victim", DeliverAt: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), Payload: body})
+
+	if signed {
+		eventually(t, "three forged deliveries refused", func() bool { return dead.count(broker.ErrForged) == 3 })
+	} else {
+		eventually(t, "the wrong-topic and too-far deliveries refused", func() bool {
+			return dead.count(broker.ErrWrongTopic) == 1 && dead.count(broker.ErrTooFar) == 1
 		})
+		time.Sleep(2 * time.Second) // the early one: waits, or hops towards its real due time
+	}
+	if f.runs.Load() != 0 {
+		t.Fatalf("a handler ran %d times for forged messages", f.runs.Load())
+	}
+	for _, key := range []string{"victim", "bystander"} {
+		var st string
+		if err := f.db.QueryRow("SELECT state FROM delay_task WHERE task_key = ?", key).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		if outbox.State(strings.TrimSpace(st)) != outbox.StatePublished {
+			t.Errorf("%s: state %s after the forged messages, want published", key, st)
+		}
+	}
+	if n := tg.copiesIn(other); n > 1 {
+		t.Errorf("the other topic's queue holds %d messages: a forged one was re-published into it", n)
 	}
 }
 
