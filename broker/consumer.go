@@ -18,11 +18,15 @@ import (
 // The context is cancelled at the handler timeout and on a forced shutdown.
 type Handler func(ctx context.Context, m *Message) error
 
-// BatchHandler runs several due messages at once, all or nothing: nil acks
-// every one of them; an error sends each through the Handler one at a
-// time, which then retries or dead-letters it on its own. It lets a
-// database-bound handler commit many tasks in one transaction.
-type BatchHandler func(ctx context.Context, msgs []*Message) error
+// GroupHandler runs several due messages at once and reports each one's
+// result: errs[i] is what the Handler would have returned for msgs[i]
+// (nil acks it; an error retries it or sends it to dead, counting an
+// attempt of that message alone). An error of its own (err) means the
+// group as a whole could not run (its transaction could not commit): each
+// message then goes through the Handler one at a time. It lets a
+// database-bound handler commit many tasks in one transaction
+// (outbox.Group: one transaction, a savepoint per message).
+type GroupHandler func(ctx context.Context, msgs []*Message) (errs []error, err error)
 
 // RetryRecorder learns of each retry before it is published: m carries the
 // new Attempt and the DeliverAt it waits for. outbox.RecordRetry keeps both
@@ -97,12 +101,14 @@ type ConsumerConfig struct {
 	// OnRetry, when set, is told of each retry before it is published
 	// (outbox.RecordRetry).
 	OnRetry RetryRecorder
-	// Batch, when set, receives the due messages a worker finds waiting,
-	// up to BatchSize at a time; the Handler remains the fallback for a
-	// failed batch and for messages that arrive alone.
-	Batch BatchHandler
-	// BatchSize bounds one batch. Default 50 when Batch is set.
-	BatchSize int
+	// Group, when set, receives the due messages a worker finds waiting at
+	// once, up to GroupSize of them: one when idle, more under load, with
+	// no wait to fill a group. The Handler handles a message that arrives
+	// alone and each message of a group that failed as a whole.
+	// outbox.NewConsumer sets it.
+	Group GroupHandler
+	// GroupSize bounds one group. Default DefaultGroupSize.
+	GroupSize int
 	// Hooks are metric callbacks.
 	Hooks Hooks
 	// Logger receives the runtime's logs. Default slog.Default().
@@ -119,6 +125,9 @@ const (
 	DefaultHandlerTimeout = time.Minute
 	DefaultHandlerGrace   = 10 * time.Second
 	DefaultHorizon        = 10*365*24*time.Hour + 24*time.Hour
+	// DefaultGroupSize: 50 tasks a transaction took the test box's
+	// MariaDB from about 3.5k to about 58k handled tasks a second.
+	DefaultGroupSize = 50
 )
 
 // pauseBeforeNack keeps a delivery that could not be settled (its re-publish
@@ -156,8 +165,8 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	if c.HandlerGrace <= 0 {
 		c.HandlerGrace = DefaultHandlerGrace
 	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = 50
+	if c.GroupSize <= 0 {
+		c.GroupSize = DefaultGroupSize
 	}
 	if c.Horizon <= 0 {
 		c.Horizon = DefaultHorizon
@@ -217,14 +226,14 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		return nil, err
 	}
 	cfg = cfg.withDefaults(pub)
-	// Without a batch handler the work queue is a hand-over: a delivery
-	// waits for a free worker. With one, it buffers a batch, so a worker
-	// that finds messages waiting can take up to BatchSize of them at once;
+	// Without a group handler the work queue is a hand-over: a delivery
+	// waits for a free worker. With one, it buffers a group, so a worker
+	// that finds messages waiting can take up to GroupSize of them at once;
 	// through an unbuffered channel it would only ever find the one or two
 	// senders blocked at that instant.
 	queue := 0
-	if cfg.Batch != nil {
-		queue = cfg.BatchSize
+	if cfg.Group != nil {
+		queue = cfg.GroupSize
 	}
 	c := &Consumer{
 		sub: sub, pub: pub, h: h, cfg: cfg, log: cfg.Logger,
@@ -397,13 +406,13 @@ func (c *Consumer) worker() {
 			c.drainWork()
 			return
 		case j := <-c.work:
-			if c.cfg.Batch == nil || !c.ready(j) {
+			if c.cfg.Group == nil || !c.ready(j) {
 				c.process(j)
 				continue
 			}
 			batch := []job{j}
 		fill:
-			for len(batch) < c.cfg.BatchSize {
+			for len(batch) < c.cfg.GroupSize {
 				select {
 				case j2 := <-c.work:
 					if c.ready(j2) {
@@ -418,7 +427,7 @@ func (c *Consumer) worker() {
 			if len(batch) == 1 {
 				c.process(j)
 			} else {
-				c.processBatch(batch)
+				c.processGroup(batch)
 			}
 		}
 	}
@@ -430,17 +439,23 @@ func (c *Consumer) ready(j job) bool {
 	return j.d.Err == nil && j.d.Message != nil && j.d.Message.Topic == j.topic && !c.cfg.Now().Before(j.d.Message.DeliverAt)
 }
 
-// processBatch runs due messages through the BatchHandler in one call and
-// acks them all after it returned nil; on an error each goes through the
-// one-at-a-time path.
-func (c *Consumer) processBatch(batch []job) {
+// processGroup runs due messages through the GroupHandler in one call and
+// settles each by its own result; when the group fails as a whole each
+// goes through the one-at-a-time path.
+func (c *Consumer) processGroup(batch []job) {
 	now := c.cfg.Now()
 	msgs := make([]*Message, len(batch))
 	for i, j := range batch {
 		msgs[i] = j.d.Message.Clone()
 	}
-	err := c.guard(batch[0].topic, fmt.Sprintf("a batch of %d", len(msgs)), func(ctx context.Context) error {
-		return c.cfg.Batch(ctx, msgs)
+	var errs []error
+	err := c.guard(batch[0].topic, fmt.Sprintf("a group of %d", len(msgs)), func(ctx context.Context) error {
+		var err error
+		errs, err = c.cfg.Group(ctx, msgs)
+		if err == nil && len(errs) != len(msgs) {
+			err = fmt.Errorf("group handler returned %d results for %d messages", len(errs), len(msgs))
+		}
+		return err
 	})
 	if err != nil {
 		if c.hardCtx.Err() != nil {
@@ -449,17 +464,14 @@ func (c *Consumer) processBatch(batch []job) {
 			}
 			return
 		}
-		c.log.Info("delaybridge: batch failed; handling its messages one at a time", "messages", len(batch), "err", err)
+		c.log.Info("delaybridge: group failed; handling its messages one at a time", "messages", len(batch), "err", err)
 		for _, j := range batch {
 			c.process(j)
 		}
 		return
 	}
-	for _, j := range batch {
-		c.ack(j)
-		if c.cfg.Hooks.Handled != nil {
-			c.cfg.Hooks.Handled(j.topic, max(now.Sub(j.d.Message.DeliverAt), 0))
-		}
+	for i, j := range batch {
+		c.settle(j, errs[i], now.Sub(j.d.Message.DeliverAt))
 	}
 }
 
@@ -492,8 +504,13 @@ func (c *Consumer) process(j job) {
 		c.wait(j, m, now, remaining)
 		return
 	}
-	lateness := now.Sub(m.DeliverAt)
-	err := c.run(m)
+	c.settle(j, c.run(m), now.Sub(m.DeliverAt))
+}
+
+// settle acts on a handler's result for j: ack, wait (not due by the
+// handler's reference clock), dead or retry.
+func (c *Consumer) settle(j job, err error, lateness time.Duration) {
+	m := j.d.Message
 	var early *EarlyError
 	switch {
 	case err == nil:

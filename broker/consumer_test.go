@@ -449,7 +449,7 @@ func TestConsumer_AlwaysPanickingHandlerGoesDeadAndOthersRun(t *testing.T) {
 	}
 }
 
-func TestConsumer_BatchTakesEveryDueMessageWaiting(t *testing.T) {
+func TestConsumer_GroupTakesEveryDueMessageWaiting(t *testing.T) {
 	t.Parallel()
 	bd := setup(t, memory.Config{})
 	started, release := make(chan struct{}), make(chan struct{})
@@ -463,12 +463,12 @@ func TestConsumer_BatchTakesEveryDueMessageWaiting(t *testing.T) {
 		handled++
 		mu.Unlock()
 		return nil
-	}, broker.ConsumerConfig{Concurrency: 1, BatchSize: 50, Batch: func(ctx context.Context, msgs []*broker.Message) error {
+	}, broker.ConsumerConfig{Concurrency: 1, Group: func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
 		mu.Lock()
 		sizes = append(sizes, len(msgs))
 		handled += len(msgs)
 		mu.Unlock()
-		return nil
+		return make([]error, len(msgs)), nil
 	}})
 	// The only worker is busy with the first message while 30 more arrive.
 	bd.publish(t, "first", time.Now())
@@ -482,6 +482,6 @@ func TestConsumer_BatchTakesEveryDueMessageWaiting(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if len(sizes) == 0 || sizes[0] != 30 {
-		t.Fatalf("batch sizes %v: want the 30 waiting messages in one batch", sizes)
+		t.Fatalf("group sizes %v: want the 30 waiting messages in one group", sizes)
 	}
 }

@@ -120,15 +120,14 @@ func faultConsumer(ctx context.Context, cfg pipelineConfig, log *slog.Logger) er
 	db.SetMaxOpenConns(40)
 	db.SetConnMaxLifetime(time.Minute)
 
-	h := func(ctx context.Context, m *broker.Message) error {
-		_, err := outbox.Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, "INSERT INTO fault_effect (task_key, handled_ms) VALUES (?, ?)", m.Key, time.Now().UnixMilli()); err != nil {
-				return err
-			}
-			time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
-			_, err := tx.ExecContext(ctx, "UPDATE fault_order SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
+	// Through outbox.NewConsumer, as users run it: tasks due together share
+	// a transaction, each in its own savepoint.
+	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO fault_effect (task_key, handled_ms) VALUES (?, ?)", m.Key, time.Now().UnixMilli()); err != nil {
 			return err
-		})
+		}
+		time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
+		_, err := tx.ExecContext(ctx, "UPDATE fault_order SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
 		return err
 	}
 	start := func() (*broker.Consumer, func(), error) {
@@ -136,11 +135,10 @@ func faultConsumer(ctx context.Context, cfg pipelineConfig, log *slog.Logger) er
 		if err != nil {
 			return nil, nil, err
 		}
-		c, err := broker.NewConsumer(sub, pub, h, broker.ConsumerConfig{
+		c, err := outbox.NewConsumer(db, sub, pub, fn, broker.ConsumerConfig{
 			Concurrency:    16,
 			HandlerTimeout: 20 * time.Second,
 			DeadLetter:     outbox.DeadLetter(db, nil),
-			OnRetry:        outbox.RecordRetry(db),
 			Logger:         log,
 		})
 		if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -49,18 +48,10 @@ SELECT ?, CONCAT('r-', seq), ?, '', 'pending', ?, ? FROM seq_1_to_%d`, n), f.top
 
 		b.StartTimer()
 		start := time.Now()
-		c, err := broker.NewConsumer(sub, pub, outbox.Handler(f.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		c, err := outbox.NewConsumer(f.db, sub, pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
 			return err
-		}), broker.ConsumerConfig{Logger: quiet(), Concurrency: 16, BatchSize: 100,
-			Batch: outbox.BatchHandler(f.db, func(ctx context.Context, tx *sql.Tx, live []*broker.Message) error {
-				args := make([]any, len(live))
-				for i, m := range live {
-					args[i] = m.Key
-				}
-				_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE status = 'UNPAID' AND id IN (?"+strings.Repeat(",?", len(args)-1)+")", args...)
-				return err
-			})})
+		}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 16, GroupSize: 100})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -185,12 +185,14 @@ func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from State, c [
 
 // MarkRescued records that claimed published rows were re-published at at:
 // the rescue counted, the next rescue no sooner than backoff(rescues) after.
+// The rescue is counted even on a row a consumer finished (or a payment
+// cancelled) between the publish and this record: it happened.
 func MarkRescued(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at int64, grace, maxWait time.Duration) (int64, error) {
 	// next_attempt_ms is compared with now - grace, like published_ms, so
 	// the wait past grace is grace × (2^rescues − 1): grace, then 2×,
 	// 4× ... after each rescue, up to maxWait. The assignment to
 	// next_attempt_ms comes first so it reads rescues before the increment.
-	return updateOwned(ctx, db, owner, StatePublished, c,
+	return updateOwnedIn(ctx, db, owner, []State{StatePublished, StateDone, StateCancelled}, c,
 		"next_attempt_ms = ? + LEAST(? * ((1 << LEAST(rescues, 8)) - 1), ?), rescues = rescues + 1, published_ms = ?, updated_ms = ?, lease_owner = 0",
 		at, grace.Milliseconds(), maxWait.Milliseconds(), at, at)
 }
@@ -238,6 +240,11 @@ func SplitResults(c []Claimed, results []error) (ok, failed, refused []Claimed) 
 // updateOwned runs "UPDATE delay_task SET set" over the rows of c that
 // owner still holds in state from at the generation claimed, in chunks.
 func updateOwned(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, set string, setArgs ...any) (int64, error) {
+	return updateOwnedIn(ctx, db, owner, []State{from}, c, set, setArgs...)
+}
+
+// updateOwnedIn is updateOwned for rows in any of the states from.
+func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []State, c []Claimed, set string, setArgs ...any) (int64, error) {
 	byGen := map[int64][]int64{}
 	for _, cl := range c {
 		byGen[cl.Message.Generation] = append(byGen[cl.Message.Generation], cl.Message.TaskID)
@@ -245,8 +252,13 @@ func updateOwned(ctx context.Context, db *sql.DB, owner int64, from State, c []C
 	var n int64
 	for gen, ids := range byGen {
 		for _, chunk := range chunks(ids) {
-			args := append(append(slices.Clone(setArgs), owner, string(from), gen), chunk...)
-			res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE lease_owner = ? AND state = ? AND generation = ? AND id IN "+inList(len(chunk)), args...)
+			args := slices.Clone(setArgs)
+			args = append(args, owner)
+			for _, st := range from {
+				args = append(args, string(st))
+			}
+			args = append(append(args, gen), chunk...)
+			res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE lease_owner = ? AND state IN "+inList(len(from))+" AND generation = ? AND id IN "+inList(len(chunk)), args...)
 			if err != nil {
 				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
 			}

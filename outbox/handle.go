@@ -116,7 +116,7 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 // Handler adapts fn into a broker.Handler that runs it through Handle, so
 // the consumer runtime acks only after the commit and skips what is no
 // longer wanted.
-func Handler(db *sql.DB, fn func(ctx context.Context, tx *sql.Tx, m *broker.Message) error) broker.Handler {
+func Handler(db *sql.DB, fn HandlerFunc) broker.Handler {
 	return func(ctx context.Context, m *broker.Message) error {
 		_, err := Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
 		return err

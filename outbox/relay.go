@@ -58,7 +58,8 @@ type RelayConfig struct {
 
 // RelayHooks are called after each claim, for metrics.
 type RelayHooks struct {
-	// Published reports rows marked published and how long their publish took.
+	// Published reports messages the broker confirmed and how long their
+	// publish took.
 	Published func(n int, took time.Duration)
 	// Failed reports rows whose publish failed transiently.
 	Failed func(n int)
@@ -267,8 +268,9 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	ok, failed, dead := SplitResults(batch, results)
 	stamp := r.cfg.Now().UnixMilli()
 	var errs []error
-	published, err := MarkPublished(rctx, r.db, owner, StatePending, ok, stamp)
-	if err != nil {
+	// A row a consumer finished (or a payment cancelled) before this mark
+	// stays as they left it; the broker confirmed its message all the same.
+	if _, err := MarkPublished(rctx, r.db, owner, StatePending, ok, stamp); err != nil {
 		errs = append(errs, fmt.Errorf("mark published: %w", err))
 	}
 	for reason, rows := range byReason(dead, batch, results, "publish rejected: ") {
@@ -301,8 +303,8 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 			r.cfg.Hooks.Dead(len(dead))
 		}
 	}
-	if published > 0 && r.cfg.Hooks.Published != nil {
-		r.cfg.Hooks.Published(int(published), took)
+	if len(ok) > 0 && r.cfg.Hooks.Published != nil {
+		r.cfg.Hooks.Published(len(ok), took)
 	}
 	if len(errs) > 0 {
 		// The rows keep their lease and are claimed again when it expires:

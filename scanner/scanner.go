@@ -247,8 +247,8 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	stamp := s.cfg.Now().UnixMilli()
 	ok, failed, dead := outbox.SplitResults(claimed, results)
 	var errs []error
-	rescued, err := outbox.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour)
-	if err != nil {
+	rescued := len(ok)
+	if _, err := outbox.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour); err != nil {
 		errs = append(errs, err)
 	}
 	if len(dead) > 0 {
@@ -278,7 +278,7 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 		s.lastIDs, s.lastTime = ids, s.cfg.Now()
 		s.cfg.Logger.Info("delaybridge scanner: rescued overdue tasks", "rows", rescued)
 		if s.cfg.Hooks.Rescued != nil {
-			s.cfg.Hooks.Rescued(int(rescued))
+			s.cfg.Hooks.Rescued(rescued)
 		}
 	}
 	if len(errs) > 0 {

@@ -99,7 +99,7 @@ func newBenchCmd(a *app) *cobra.Command {
 		anchored   bool
 		cpuProfile string
 		concurrent int
-		batch      int
+		group      int
 		wait       time.Duration
 		httpAddr   string
 		relayOnly  bool
@@ -182,34 +182,9 @@ applied twice.`,
 				handled: make([]atomic.Int64, tasks), runs: make([]atomic.Int32, tasks)}
 			res := benchResult{Broker: bf.kind, Mode: bf.mode(), Tasks: tasks, HandlerMode: handler}
 
-			var h broker.Handler
 			record := func(m *broker.Message) (int, bool) {
 				i, ok := run.index(m.Key)
 				return i, ok
-			}
-			if handler == "noop" {
-				h = func(ctx context.Context, m *broker.Message) error {
-					if i, ok := record(m); ok {
-						run.seen(i, time.Now())
-					}
-					return nil
-				}
-			} else {
-				h = func(ctx context.Context, m *broker.Message) error {
-					i, ok := record(m)
-					if !ok {
-						return nil
-					}
-					now := time.Now()
-					o, err := outbox.Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error {
-						_, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
-						return err
-					})
-					if err == nil && (o == outbox.Handled || o == outbox.SkippedDone) {
-						run.seen(i, now)
-					}
-					return err
-				}
 			}
 			m := newMetrics(db, 30*time.Second, a.log)
 			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)
@@ -217,43 +192,32 @@ applied twice.`,
 				return err
 			}
 			defer stopHTTP()
-			ccfg := broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log, Hooks: m.consumerHooks(),
-				DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)), OnRetry: outbox.RecordRetry(db)}
-			if handler == "db" && batch > 1 {
-				ccfg.BatchSize = batch
-				ccfg.Batch = func(ctx context.Context, msgs []*broker.Message) error {
-					mine := make([]*broker.Message, 0, len(msgs))
-					for _, m := range msgs {
-						if _, ok := record(m); ok {
-							mine = append(mine, m)
-						}
+			ccfg := broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log, Hooks: m.consumerHooks(), GroupSize: group}
+			var consumer *broker.Consumer
+			if handler == "noop" {
+				consumer, err = broker.NewConsumer(cl.sub, cl.pub, func(ctx context.Context, m *broker.Message) error {
+					if i, ok := record(m); ok {
+						run.seen(i, time.Now())
 					}
-					if len(mine) == 0 {
+					return nil
+				}, ccfg)
+			} else {
+				// The order-timeout handler as users write it, one message at
+				// a time; outbox.NewConsumer runs the messages due together in
+				// shared transactions.
+				consumer, err = outbox.NewConsumer(db, cl.sub, cl.pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+					i, ok := record(m)
+					if !ok {
 						return nil
 					}
 					now := time.Now()
-					out, err := outbox.HandleBatch(ctx, db, mine, func(ctx context.Context, tx *sql.Tx, live []*broker.Message) error {
-						args := make([]any, len(live))
-						for i, m := range live {
-							args[i] = m.Key
-						}
-						_, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE status = 'UNPAID' AND id IN (?"+
-							strings.Repeat(",?", len(args)-1)+")", args...)
-						return err
-					})
-					if err != nil {
+					if _, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key); err != nil {
 						return err
 					}
-					for i, m := range mine {
-						if out[i] == outbox.Handled || out[i] == outbox.SkippedDone {
-							j, _ := record(m)
-							run.seen(j, now)
-						}
-					}
+					run.seen(i, now)
 					return nil
-				}
+				}, ccfg)
 			}
-			consumer, err := broker.NewConsumer(cl.sub, cl.pub, h, ccfg)
 			if err != nil {
 				return err
 			}
@@ -455,7 +419,7 @@ applied twice.`,
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
 	f.BoolVar(&relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
-	f.IntVar(&batch, "batch", 1, "with --handler db, handle up to this many due tasks in one transaction (outbox.HandleBatch)")
+	f.IntVar(&group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
 	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	return cmd
 }

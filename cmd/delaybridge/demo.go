@@ -92,8 +92,8 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if err != nil {
 				return err
 			}
-			consumer, err := broker.NewConsumer(cl.sub, cl.pub, svc.CancelHandler(), broker.ConsumerConfig{
-				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(), DeadLetter: outbox.DeadLetter(db, broker.PublishDead(cl.pub, broker.DefaultDeadTopic)), OnRetry: outbox.RecordRetry(db),
+			consumer, err := outbox.NewConsumer(db, cl.sub, cl.pub, svc.CancelTask, broker.ConsumerConfig{
+				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(),
 			})
 			if err != nil {
 				return err

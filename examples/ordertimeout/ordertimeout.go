@@ -140,13 +140,17 @@ func cancel(ctx context.Context, tx *sql.Tx, id, by string) error {
 	return err
 }
 
-// CancelHandler is the consumer's handler: through outbox.Handle, it cancels
-// the order and releases its stock exactly once, and does nothing for a paid
-// order.
+// CancelTask is the timeout's business function, in the transaction that
+// marks its task done: it cancels the order and releases its stock if the
+// order is still unpaid. Run it through outbox.NewConsumer (or
+// CancelHandler) so it happens exactly once and never for a paid order.
+func (s *Service) CancelTask(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+	return cancel(ctx, tx, m.Key, "timeout")
+}
+
+// CancelHandler is CancelTask through outbox.Handle, one message at a time.
 func (s *Service) CancelHandler() broker.Handler {
-	return outbox.Handler(s.DB, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
-		return cancel(ctx, tx, m.Key, "timeout")
-	})
+	return outbox.Handler(s.DB, s.CancelTask)
 }
 
 // UnpaidPastDue is the scanner's business query: orders still unpaid more

@@ -1,0 +1,191 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// HandlerFunc is the business function of a task: it runs in tx, the
+// transaction that marks the task done, so its writes and the task's
+// completion commit together or not at all.
+type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
+
+// HandleGroup is Handle for several messages in ONE transaction: it locks
+// their task rows (in id order), decides each message's outcome as Handle
+// would, and runs fn for each live one inside a savepoint of its own. A
+// message whose fn fails is rolled back to its savepoint alone and reported
+// in errs; the others are marked done and committed together. A task that
+// appears twice runs once (the second copy is SkippedDone). err reports a
+// failure of the group as a whole (begin, lock, commit, or a savepoint the
+// server lost, as after a deadlock): nothing of it is committed and the
+// caller handles each message on its own (broker.ConsumerConfig.Group
+// does).
+func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
+	if len(msgs) == 0 {
+		return nil, nil, nil
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: handle group: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	rows, err := lockGroup(ctx, tx, msgs)
+	if err != nil {
+		return nil, nil, err
+	}
+	outcomes, errs = make([]Outcome, len(msgs)), make([]error, len(msgs))
+	var doneIDs []int64
+	seen := map[int64]bool{}
+	for i, m := range msgs {
+		r, ok := rows[i], rows[i] != nil
+		switch {
+		case !ok:
+			outcomes[i] = SkippedMissing
+			continue
+		case seen[r.id] || State(r.state) == StateDone:
+			outcomes[i] = SkippedDone
+			continue
+		case State(r.state) == StateCancelled:
+			outcomes[i] = SkippedCancelled
+			continue
+		case State(r.state) == StateDead:
+			outcomes[i] = SkippedDead
+			continue
+		case m.Generation != r.gen:
+			outcomes[i] = SkippedStale
+			continue
+		case r.due > r.dbNow:
+			errs[i] = &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
+			continue
+		}
+		// One savepoint name, set anew for each message: only the current
+		// message's work can be rolled back.
+		if _, err := tx.ExecContext(ctx, "SAVEPOINT delaybridge_task"); err != nil {
+			return nil, nil, fmt.Errorf("outbox: handle group: savepoint: %w", err)
+		}
+		if ferr := fn(ctx, tx, m); ferr != nil {
+			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT delaybridge_task"); err != nil {
+				return nil, nil, fmt.Errorf("outbox: handle group: %s/%s failed (%v) and its savepoint is gone: %w", m.Topic, m.Key, ferr, err)
+			}
+			errs[i] = ferr
+			continue
+		}
+		seen[r.id] = true
+		outcomes[i] = Handled
+		doneIDs = append(doneIDs, r.id)
+	}
+	now := time.Now().UnixMilli()
+	for _, chunk := range chunks(doneIDs) {
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
+			append([]any{now, now}, chunk...)...); err != nil {
+			return nil, nil, fmt.Errorf("outbox: handle group: mark done: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, nil, fmt.Errorf("outbox: handle group: commit: %w", err)
+	}
+	return outcomes, errs, nil
+}
+
+// groupRow is a locked task row of a group.
+type groupRow struct {
+	id, gen, due, dbNow int64
+	state               string
+}
+
+// lockGroup locks the task row of each message, by id where the message
+// carries one (in id order, one statement) and by (topic, key) otherwise,
+// and returns them by message index; nil where there is no such task.
+func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*groupRow, error) {
+	out := make([]*groupRow, len(msgs))
+	var ids []int64
+	for _, m := range msgs {
+		if m.TaskID != 0 {
+			ids = append(ids, m.TaskID)
+		}
+	}
+	type rowKey struct {
+		topic, key string
+	}
+	byID := map[int64]*groupRow{}
+	keyOf := map[int64]rowKey{}
+	for _, chunk := range chunks(ids) {
+		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
+			" FROM delay_task WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
+		}
+		for rows.Next() {
+			var (
+				r     groupRow
+				topic string
+				key   []byte
+			)
+			if err := rows.Scan(&r.id, &topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
+			}
+			byID[r.id], keyOf[r.id] = &r, rowKey{topic, string(key)}
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
+		}
+	}
+	for i, m := range msgs {
+		if m.TaskID != 0 {
+			// The row must be the message's task, not another that took its id.
+			if r := byID[m.TaskID]; r != nil && keyOf[m.TaskID] == (rowKey{m.Topic, m.Key}) {
+				out[i] = r
+			}
+			continue
+		}
+		var r groupRow
+		err := tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+			m.Topic, []byte(m.Key)).Scan(&r.id, &r.state, &r.gen, &r.due, &r.dbNow)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, fmt.Errorf("outbox: handle group: lock %s/%s: %w", m.Topic, m.Key, err)
+		default:
+			out[i] = &r
+		}
+	}
+	return out, nil
+}
+
+// Group returns the broker.GroupHandler that runs fn for a group of due
+// messages through HandleGroup: the same fn Handler runs one at a time.
+func Group(db *sql.DB, fn HandlerFunc) broker.GroupHandler {
+	return func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+		_, errs, err := HandleGroup(ctx, db, msgs, fn)
+		return errs, err
+	}
+}
+
+// NewConsumer returns a consumer runtime that runs fn for every due task
+// of its topics with exactly-once effect: one message at a time when they
+// arrive one by one, and the messages that are due together in one
+// transaction (Group, up to cfg.GroupSize) when they come in numbers. It
+// fills in what cfg leaves unset: Group, a DeadLetter that marks the task
+// dead and publishes the message to broker.DefaultDeadTopic, and OnRetry
+// (RecordRetry). Start it with Start and stop it with Close.
+func NewConsumer(db *sql.DB, sub broker.Subscriber, pub broker.Publisher, fn HandlerFunc, cfg broker.ConsumerConfig) (*broker.Consumer, error) {
+	if db == nil || fn == nil {
+		return nil, errors.New("outbox: NewConsumer needs a database and a handler")
+	}
+	if cfg.Group == nil {
+		cfg.Group = Group(db, fn)
+	}
+	if cfg.DeadLetter == nil && pub != nil {
+		cfg.DeadLetter = DeadLetter(db, broker.PublishDead(pub, broker.DefaultDeadTopic))
+	}
+	if cfg.OnRetry == nil {
+		cfg.OnRetry = RecordRetry(db)
+	}
+	return broker.NewConsumer(sub, pub, Handler(db, fn), cfg)
+}

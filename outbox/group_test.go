@@ -1,0 +1,228 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// cancelOne is the order-timeout handler as users write it: one message.
+func cancelOne(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+	return cancelOrder(m.Key)(ctx, tx)
+}
+
+func TestHandleGroup_RunsLiveTasksOnceAndReportsTheRest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	live1 := b.order(t, "live-1", time.Now())
+	live2 := b.order(t, "live-2", time.Now())
+	done := b.order(t, "done", time.Now())
+	if _, err := outbox.Handle(b.ctx, b.db, done, cancelOrder("done")); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := b.order(t, "cancelled", time.Now())
+	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	stale := b.order(t, "stale", time.Now())
+	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "stale", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	missing := &broker.Message{TaskID: 999999, Topic: "order-cancel", Key: "missing", DeliverAt: time.Now()}
+	byKey := *b.order(t, "by-key", time.Now())
+	byKey.TaskID = 0
+	dup := *live1
+	var got []string
+	out, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{live1, done, cancelled, stale, missing, &dup, live2, &byKey},
+		func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+			got = append(got, m.Key)
+			return cancelOne(ctx, tx, m)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []outbox.Outcome{outbox.Handled, outbox.SkippedDone, outbox.SkippedCancelled, outbox.SkippedStale, outbox.SkippedMissing, outbox.SkippedDone, outbox.Handled, outbox.Handled}
+	for i := range want {
+		if out[i] != want[i] || errs[i] != nil {
+			t.Errorf("message %d: %v, %v; want %v", i, out[i], errs[i], want[i])
+		}
+	}
+	if strings.Join(got, ",") != "live-1,live-2,by-key" {
+		t.Fatalf("fn saw %v, want each live task once", got)
+	}
+	for _, id := range []string{"live-1", "live-2", "by-key"} {
+		if status, cancels := b.orderRow(t, id); status != "CANCELLED" || cancels != 1 {
+			t.Errorf("%s: %s with %d cancels", id, status, cancels)
+		}
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StateDone {
+			t.Errorf("%s task is %s", id, info.State)
+		}
+	}
+	for _, id := range []string{"cancelled", "stale"} {
+		if status, _ := b.orderRow(t, id); status != "UNPAID" {
+			t.Errorf("%s: order %s, want UNPAID: a skipped task's handler ran", id, status)
+		}
+	}
+}
+
+// A message whose handler fails is rolled back to its savepoint alone: its
+// partial writes vanish, its task stays open, and the rest of the group
+// commits.
+func TestHandleGroup_AFailingMessageIsRolledBackAloneAndTheOthersCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, poison, c := b.order(t, "a", time.Now()), b.order(t, "poison", time.Now()), b.order(t, "c", time.Now())
+	boom := errors.New("payment service down")
+	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{a, poison, c}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		if err := cancelOne(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.Key == "poison" {
+			return boom // after its write: the savepoint must undo it
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(errs[1], boom) || errs[0] != nil || errs[2] != nil {
+		t.Fatalf("errs = %v, want only the poison message's", errs)
+	}
+	if status, cancels := b.orderRow(t, "poison"); status != "UNPAID" || cancels != 0 {
+		t.Fatalf("the failed message's write survived: %s, %d cancels", status, cancels)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "poison"); info.State != outbox.StatePending {
+		t.Fatalf("the failed message's task is %s, want still pending", info.State)
+	}
+	for _, id := range []string{"a", "c"} {
+		if status, cancels := b.orderRow(t, id); status != "CANCELLED" || cancels != 1 {
+			t.Errorf("%s: %s with %d cancels, want cancelled once beside the failure", id, status, cancels)
+		}
+	}
+}
+
+// In a group, a task not due by the database's clock is reported early and
+// not run; the others are.
+func TestHandleGroup_ATaskNotDueByTheDatabaseClockWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now, later := b.order(t, "now", time.Now()), b.order(t, "later", time.Now().Add(time.Hour))
+	later.DeliverAt = time.Now() // the message claims it is due
+	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{now, later}, cancelOne)
+	var early *broker.EarlyError
+	if err != nil || errs[0] != nil || !errors.As(errs[1], &early) {
+		t.Fatalf("HandleGroup = %v, %v; want the second early", errs, err)
+	}
+	if status, _ := b.orderRow(t, "later"); status != "UNPAID" {
+		t.Fatal("a task due in an hour ran")
+	}
+}
+
+// The consumer from outbox.NewConsumer groups a burst of due tasks into
+// shared transactions without being told to, and with a poison message, a
+// message that fails once, a cancelled task and duplicates in the burst,
+// every effect happens exactly once.
+func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Prefetch: 500})
+	t.Cleanup(func() { _ = mem.Close() })
+	const n = 300
+	due := time.Now().Add(500 * time.Millisecond)
+	for i := range n {
+		b.order(t, fmt.Sprintf("g-%d", i), due)
+	}
+	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "g-7"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	relay := newRelay(t, b, mem, outbox.RelayConfig{})
+	for b.count(t, "state = 'pending'") > 0 {
+		if _, err := relay.Once(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Duplicates of a few messages, as a broker redelivering would send.
+	for _, k := range []string{"g-1", "g-2", "g-3"} {
+		info, err := outbox.Get(b.ctx, b.db, "order-cancel", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mem.Publish(ctx, &broker.Message{TaskID: info.ID, Topic: "order-cancel", Key: k, DeliverAt: broker.MillisUTC(due)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var groups, largest atomic.Int64
+	var mu sync.Mutex
+	failedOnce := map[string]bool{}
+	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		switch m.Key {
+		case "g-5":
+			return broker.Permanent(errors.New("poison"))
+		case "g-9":
+			mu.Lock()
+			first := !failedOnce[m.Key]
+			failedOnce[m.Key] = true
+			mu.Unlock()
+			if first {
+				return errors.New("flaky")
+			}
+		}
+		return cancelOne(ctx, tx, m)
+	}
+	group := outbox.Group(b.db, fn)
+	c, err := outbox.NewConsumer(b.db, mem, mem, fn, broker.ConsumerConfig{Logger: quiet(), Concurrency: 4,
+		Backoff: broker.Backoff{Initial: 50 * time.Millisecond},
+		Group: func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+			groups.Add(1)
+			if int64(len(msgs)) > largest.Load() {
+				largest.Store(int64(len(msgs)))
+			}
+			return group(ctx, msgs)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx, "order-cancel"); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background()) //nolint:errcheck
+	deadline := time.Now().Add(30 * time.Second)
+	for b.count(t, "state IN ('pending', 'published')") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d tasks still open", b.count(t, "state IN ('pending', 'published')"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := b.count(t, "state = 'done'"); got != n-2 {
+		t.Fatalf("%d tasks done, want %d (all but the cancelled and the poison)", got, n-2)
+	}
+	if got := b.count(t, "task_key = 'g-5' AND state = 'dead'"); got != 1 {
+		t.Fatal("the poison message's task is not dead")
+	}
+	var once, more int
+	if err := b.db.QueryRow("SELECT COUNT(CASE WHEN cancels = 1 THEN 1 END), COUNT(CASE WHEN cancels > 1 THEN 1 END) FROM orders").Scan(&once, &more); err != nil {
+		t.Fatal(err)
+	}
+	if once != n-2 || more != 0 {
+		t.Fatalf("%d orders cancelled once and %d more than once; want %d and 0", once, more, n-2)
+	}
+	if status, _ := b.orderRow(t, "g-7"); status != "UNPAID" {
+		t.Fatal("the cancelled task's order was cancelled by the timeout")
+	}
+	if groups.Load() == 0 || largest.Load() < 2 {
+		t.Fatalf("%d groups, largest %d: a burst was not grouped", groups.Load(), largest.Load())
+	}
+	t.Logf("%d tasks in %d groups, largest %d", n, groups.Load(), largest.Load())
+}
