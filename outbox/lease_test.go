@@ -272,3 +272,31 @@ func TestRelay_ClaimStopsAtItsByteBudget(t *testing.T) {
 		t.Fatalf("%d rows published with their payloads, want 6", got)
 	}
 }
+
+// An idle relay whose own claims have backed off far notices, through its
+// probe, a row another process scheduled, and publishes it.
+func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	for _, probe := range []time.Duration{-1, 20 * time.Millisecond} {
+		r := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: time.Hour, IdleMax: time.Hour, Probe: probe})
+		ctx, cancel := context.WithCancel(b.ctx)
+		done := make(chan struct{})
+		go func() { _ = r.Run(ctx); close(done) }()
+		time.Sleep(100 * time.Millisecond) // the loops made their first, empty claim and sleep for an hour
+		key := fmt.Sprintf("elsewhere-%v", probe > 0)
+		b.schedule(t, outbox.Task{Topic: "probe", Key: key, DueAt: time.Now()})
+		deadline := time.Now().Add(3 * time.Second)
+		for b.count(t, "task_key = ? AND state = 'published'", key) == 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		published := b.count(t, "task_key = ? AND state = 'published'", key) == 1
+		cancel()
+		<-done
+		if published != (probe > 0) {
+			t.Fatalf("probe %v: published within 3s = %v", probe, published)
+		}
+	}
+}
