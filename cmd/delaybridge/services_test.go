@@ -164,7 +164,7 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 		flags   func(*testing.T) []string
 		handler string
 		extra   []string
-	}{{"rabbit", rabbitFlags, "db", []string{"--batch", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
+	}{{"rabbit", rabbitFlags, "db", []string{"--group", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
 		t.Run(b.name, func(t *testing.T) {
 			_, dsn := testenv.ScratchDB(t)
 			out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "400", "--delay", "1s", "--spread", "1s", "--per-tx", "10",
@@ -223,7 +223,7 @@ func TestBench_RelayHorizonHoldsTasksUntilTheirWindow(t *testing.T) {
 	// Due 4-5 s out with a 1 s horizon: the relay cannot finish before the
 	// first task is 1 s from due, so it takes at least 2.5 s for 200 tasks.
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "200", "--delay", "4s", "--spread", "1s", "--per-tx", "10",
-		"--handler", "db", "--batch", "20", "--relay-horizon", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--group", "20", "--relay-horizon", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
 	m := lastJSON(t, out)
 	if m["handled"] != 200.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
 		t.Fatalf("bench summary %v", m)
