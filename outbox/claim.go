@@ -71,9 +71,10 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 		return nil, fmt.Errorf("outbox: claim %s: begin: %w", spec.State, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	// Payloads are read after the lease, for the rows that fit MaxBytes
-	// only, so a batch of large payloads never sits in memory whole.
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, LENGTH(payload), headers, trace, generation, publish_attempts, attempts
+	// Rows past MaxBytes are read and dropped, never kept: a batch of large
+	// payloads never sits in memory whole, and they stay for the next claim
+	// (their locks go with the commit; only kept rows are leased).
+	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, publish_attempts, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
 ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
@@ -83,21 +84,26 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 	defer rows.Close()
 	var out []Claimed
 	var bytes int64
+	full := false
 	for rows.Next() {
 		var (
 			c              Claimed
 			m              broker.Message
 			key            []byte
-			dueMS, size    int64
+			dueMS          int64
+			payload        sql.RawBytes
 			headers, trace sql.NullString
 		)
-		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &size, &headers, &trace, &m.Generation, &c.PublishAttempts, &m.Attempt); err != nil {
+		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &payload, &headers, &trace, &m.Generation, &c.PublishAttempts, &m.Attempt); err != nil {
 			return nil, fmt.Errorf("outbox: read claim: %w", err)
 		}
-		if spec.MaxBytes > 0 && len(out) > 0 && bytes+size > spec.MaxBytes {
-			break // this row and the rest stay for the next claim
+		size := int64(len(payload))
+		if full || spec.MaxBytes > 0 && len(out) > 0 && bytes+size > spec.MaxBytes {
+			full = true // this row and the rest stay for the next claim
+			continue
 		}
 		bytes += size
+		m.Payload = append([]byte{}, payload...)
 		m.Key, m.DeliverAt, m.Trace = string(key), msTime(dueMS), trace.String
 		if headers.Valid {
 			m.Headers, c.HeadersErr = decodeHeaders(headers.String)
@@ -126,45 +132,6 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("outbox: claim %s: commit: %w", spec.State, err)
-	}
-	return readPayloads(ctx, db, spec.Owner, out)
-}
-
-// readPayloads fills in the payloads of rows the claim leased. A row that
-// is no longer the claim's (rescheduled in between) is left out.
-func readPayloads(ctx context.Context, db *sql.DB, owner int64, claimed []Claimed) ([]Claimed, error) {
-	byID := make(map[int64]*broker.Message, len(claimed))
-	ids := make([]int64, len(claimed))
-	for i, c := range claimed {
-		byID[c.Message.TaskID] = c.Message
-		ids[i] = c.Message.TaskID
-	}
-	found := make(map[int64]bool, len(claimed))
-	for _, chunk := range chunks(ids) {
-		rows, err := db.QueryContext(ctx, "SELECT id, payload FROM delay_task WHERE lease_owner = ? AND id IN "+inList(len(chunk)), append([]any{owner}, chunk...)...)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: read claimed payloads: %w", err)
-		}
-		for rows.Next() {
-			var id int64
-			var payload []byte
-			if err := rows.Scan(&id, &payload); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("outbox: read claimed payloads: %w", err)
-			}
-			if m := byID[id]; m != nil {
-				m.Payload, found[id] = payload, true
-			}
-		}
-		if err := rows.Close(); err != nil {
-			return nil, fmt.Errorf("outbox: read claimed payloads: %w", err)
-		}
-	}
-	out := claimed[:0]
-	for _, c := range claimed {
-		if found[c.Message.TaskID] {
-			out = append(out, c)
-		}
 	}
 	return out, nil
 }
