@@ -23,10 +23,11 @@ type RelayConfig struct {
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
 	// batches apart. Default 4.
 	Workers int
-	// Horizon, when set, publishes only rows due within it, keeping
-	// far-future tasks out of the broker (cancelling them costs nothing).
-	// Default 0: publish every pending row.
-	Horizon time.Duration
+	// Lookahead, when set, publishes only rows due within it: a task far
+	// from due waits in the database (cheap, and cancelled for free) and
+	// moves into the broker shortly before it is due. Default 0: publish
+	// every pending row at once.
+	Lookahead time.Duration
 	// IdleMin and IdleMax bound the idle poll: after an empty claim the
 	// wait doubles from IdleMin up to IdleMax; Nudge cuts it short.
 	// Defaults 20ms and 1s.
@@ -200,8 +201,8 @@ func (r *Relay) probe(ctx context.Context) {
 		}
 		now := r.cfg.Now()
 		limit := int64(1<<63 - 1)
-		if r.cfg.Horizon > 0 {
-			limit = now.Add(r.cfg.Horizon).UnixMilli()
+		if r.cfg.Lookahead > 0 {
+			limit = now.Add(r.cfg.Lookahead).UnixMilli()
 		}
 		var one int
 		err := r.db.QueryRowContext(ctx, `SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
@@ -262,8 +263,8 @@ func (r *Relay) loop(ctx context.Context) {
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
-	if r.cfg.Horizon > 0 {
-		limit = now.Add(r.cfg.Horizon).UnixMilli()
+	if r.cfg.Lookahead > 0 {
+		limit = now.Add(r.cfg.Lookahead).UnixMilli()
 	}
 	owner := NewLeaseOwner()
 	batch, err := ClaimLeased(ctx, r.db, ClaimSpec{

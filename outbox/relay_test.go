@@ -250,7 +250,7 @@ func TestRelay_HorizonKeepsFarTasksPending(t *testing.T) {
 	t.Cleanup(func() { _ = mem.Close() })
 	b.schedule(t, outbox.Task{Topic: "hz", Key: "soon", DueAt: time.Now().Add(time.Minute)})
 	b.schedule(t, outbox.Task{Topic: "hz", Key: "next-week", DueAt: time.Now().Add(7 * 24 * time.Hour)})
-	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Horizon: time.Hour}).Once(b.ctx); n != 1 || err != nil {
+	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Lookahead: time.Hour}).Once(b.ctx); n != 1 || err != nil {
 		t.Fatalf("Once = %d, %v; want only the task within the horizon", n, err)
 	}
 	if info, _ := outbox.Get(b.ctx, b.db, "hz", "next-week"); info.State != outbox.StatePending {

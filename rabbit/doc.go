@@ -58,7 +58,7 @@
 // crosses one level per set bit of its delay in units: at thousands of
 // messages a second those moves, not the deliveries, fill RabbitMQ's cores.
 // When the outbox relay publishes only rows due within a horizon
-// (outbox.RelayConfig.Horizon, `delaybridge run --horizon`) no longer than
+// (outbox.RelayConfig.Lookahead, `delaybridge run --lookahead`) no longer than
 // Unit, a message's delay rounds down to zero units and it goes straight to
 // its topic's queue; the consumer runtime holds it until due. On the 2-core
 // test machine, 5,000 tasks due per second for 60 s with the outbox handler

@@ -23,7 +23,7 @@ func newRunCmd(a *app) *cobra.Command {
 	var (
 		bf        brokerFlags
 		httpAddr  string
-		horizon   time.Duration
+		lookahead time.Duration
 		batch     int
 		workers   int
 		grace     time.Duration
@@ -69,7 +69,7 @@ back (up to --drain) and exits 0.`,
 			}
 			defer cl.close()
 			m := newMetrics(db, grace, a.log)
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Horizon: horizon,
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {
 				return err
@@ -130,7 +130,7 @@ back (up to --drain) and exits 0.`,
 	f := cmd.Flags()
 	bf.register(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
-	f.DurationVar(&horizon, "horizon", 0, "publish only tasks due within this window (0 = all pending tasks)")
+	f.DurationVar(&lookahead, "lookahead", 0, "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (0 = every pending task at once)")
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
 	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")

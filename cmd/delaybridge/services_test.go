@@ -223,7 +223,7 @@ func TestBench_RelayHorizonHoldsTasksUntilTheirWindow(t *testing.T) {
 	// Due 4-5 s out with a 1 s horizon: the relay cannot finish before the
 	// first task is 1 s from due, so it takes at least 2.5 s for 200 tasks.
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "200", "--delay", "4s", "--spread", "1s", "--per-tx", "10",
-		"--handler", "db", "--group", "20", "--relay-horizon", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--group", "20", "--lookahead", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
 	m := lastJSON(t, out)
 	if m["handled"] != 200.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
 		t.Fatalf("bench summary %v", m)
@@ -239,8 +239,8 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--relay-horizon", "-1s"}, "--relay-horizon must not be negative"},
-		{[]string{"--relay-horizon", "1s", "--relay-only"}, "--relay-only cannot wait for a horizon"},
+		{[]string{"--lookahead", "-1s"}, "--lookahead must not be negative"},
+		{[]string{"--lookahead", "1s", "--relay-only"}, "--relay-only cannot wait for a lookahead"},
 		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
 	} {
