@@ -152,3 +152,44 @@ func TestNewHTTPServer_BoundsEveryPhaseOfAConnection(t *testing.T) {
 		t.Fatalf("write timeout %v is shorter than a scrape that waits for another", srv.WriteTimeout)
 	}
 }
+
+// The task series come with the age of the count behind them, and before
+// any count exists they are absent, not zeros that read as an empty outbox.
+func TestOutboxCollector_ExportsCountsWithTheirAgeOrNotAtAll(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		st       *outbox.Stats
+		wantAge  float64
+		wantSeen bool
+	}{
+		{"no summary yet", &outbox.Stats{Backlog: map[outbox.State]map[string]int{}, Overdue: 2}, 0, false},
+		{"a 90s old summary", &outbox.Stats{Backlog: map[outbox.State]map[string]int{outbox.StatePending: {"t": 5}},
+			CountsAt: time.Now().Add(-90 * time.Second), CountsAge: 90 * time.Second}, 90, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(context.Context, time.Time) (*outbox.Stats, error) { return tc.st, nil }}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(c)
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]float64{}
+			for _, mf := range mfs {
+				for _, m := range mf.GetMetric() {
+					got[mf.GetName()] += m.GetGauge().GetValue()
+				}
+			}
+			age, seenAge := got["delaybridge_outbox_stats_age_seconds"]
+			_, seenTasks := got["delaybridge_outbox_tasks"]
+			_, seenFinished := got["delaybridge_outbox_finished_tasks"]
+			if seenAge != tc.wantSeen || seenTasks != tc.wantSeen || seenFinished != tc.wantSeen || age != tc.wantAge {
+				t.Fatalf("age %v (exported %v), tasks exported %v, finished exported %v; want exported %v, age %v",
+					age, seenAge, seenTasks, seenFinished, tc.wantSeen, tc.wantAge)
+			}
+			if got["delaybridge_outbox_up"] != 1 || got["delaybridge_outbox_overdue_tasks"] != float64(tc.st.Overdue) {
+				t.Fatalf("up %v overdue %v", got["delaybridge_outbox_up"], got["delaybridge_outbox_overdue_tasks"])
+			}
+		})
+	}
+}

@@ -145,7 +145,10 @@ func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
 	if st.Lateness.Count != 1 || st.Lateness.Max != 40 {
 		t.Fatalf("lateness %+v, want one sample of 40ms", st.Lateness)
 	}
-	if out := mustRun(t, "status", "--mysql-dsn", dsn); !strings.Contains(out, "dead: 1") {
+	if !st.Live {
+		t.Fatal("status without a summary did not say it counted live")
+	}
+	if out := mustRun(t, "status", "--mysql-dsn", dsn); !strings.Contains(out, "dead: 1") || !strings.Contains(out, "counted live") {
 		t.Fatalf("status table:\n%s", out)
 	}
 }
@@ -272,5 +275,44 @@ func TestDeadListAndTaskShow_EscapeControlCharacters(t *testing.T) {
 		if !strings.Contains(out, `"k\x1b[31m\nFORGED 1 dead task(s)"`) || !strings.Contains(out, `"boom\r\n\x1b[2JFORGED all good"`) {
 			t.Errorf("%v does not show the escaped key and error:\n%s", args[:2], out)
 		}
+	}
+}
+
+// With a summary, status shows its counts (not the table's now) and their
+// age; --live counts the table.
+func TestStatus_ReadsTheSummaryAndSaysHowOld(t *testing.T) {
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	ctx := context.Background()
+	schedule := func(key string) {
+		t.Helper()
+		if _, err := outbox.Schedule(ctx, pool, outbox.Task{Topic: "orders", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	schedule("counted")
+	if err := outbox.RefreshStats(ctx, pool, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec("UPDATE delay_task_stats_run SET computed_ms = computed_ms - 120000"); err != nil {
+		t.Fatal(err)
+	}
+	schedule("since")
+
+	var st outbox.Stats
+	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Live || st.Backlog["pending"]["orders"] != 1 || st.CountsAge < 2*time.Minute || st.CountsAge > 3*time.Minute {
+		t.Fatalf("status from a 2-minute-old summary: %+v", st)
+	}
+	if out := mustRun(t, "status", "--mysql-dsn", dsn); !strings.Contains(out, "counts: as of") || !strings.Contains(out, "(2m") {
+		t.Fatalf("status table does not give the counts' age:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--live", "--mysql-dsn", dsn)), &st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Live || st.Backlog["pending"]["orders"] != 2 {
+		t.Fatalf("status --live: %+v", st)
 	}
 }

@@ -53,8 +53,9 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
+		// No lateness window: the consumers export lateness themselves.
 		read := func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
-			return outbox.ReadStats(ctx, db, now, grace, time.Minute)
+			return outbox.ReadStats(ctx, db, now, grace, 0)
 		}
 		m.reg.MustRegister(&outboxCollector{read: read, log: log})
 	}
@@ -89,7 +90,9 @@ func (m *metrics) consumerHooks() broker.Hooks {
 	}
 }
 
-// outboxCollector reads the outbox backlog at scrape time. One read is in
+// outboxCollector reads the outbox backlog at scrape time: the summary the
+// stats refresher keeps, and bounded index ranges, so a scrape costs the
+// same however large the outbox. One read is in
 // flight at a time: a scrape that arrives during one waits for it and
 // reports its result, so concurrent scrapes cost the database one set of
 // queries, not one each.
@@ -140,10 +143,11 @@ var (
 	descOverdue  = prometheus.NewDesc("delaybridge_outbox_overdue_tasks", "Published tasks overdue by more than the grace.", nil, nil)
 	descOldest   = prometheus.NewDesc("delaybridge_outbox_oldest_pending_age_seconds", "Now minus the due time of the oldest pending task (0 when none or not due).", nil, nil)
 	descUp       = prometheus.NewDesc("delaybridge_outbox_up", "1 when the last scrape could read the outbox.", nil, nil)
+	descStatsAge = prometheus.NewDesc("delaybridge_outbox_stats_age_seconds", "Age of the background count the task and finished-task series come from (absent until one exists).", nil, nil)
 )
 
 func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTasks, descFinished, descOverdue, descOldest, descUp} {
+	for _, d := range []*prometheus.Desc{descTasks, descFinished, descOverdue, descOldest, descUp, descStatsAge} {
 		ch <- d
 	}
 }
@@ -191,13 +195,18 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	st, now := r.st, r.now
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 1)
-	for state, topics := range st.Backlog {
-		for topic, n := range capTopics(topics, maxTopicSeries) {
-			ch <- prometheus.MustNewConstMetric(descTasks, prometheus.GaugeValue, float64(n), string(state), topic)
+	// Before the first background count there are no counts: absent series,
+	// not zeros that would read as an empty outbox.
+	if !st.CountsAt.IsZero() {
+		ch <- prometheus.MustNewConstMetric(descStatsAge, prometheus.GaugeValue, max(0, st.CountsAge.Seconds()))
+		for state, topics := range st.Backlog {
+			for topic, n := range capTopics(topics, maxTopicSeries) {
+				ch <- prometheus.MustNewConstMetric(descTasks, prometheus.GaugeValue, float64(n), string(state), topic)
+			}
 		}
+		ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Done), "done")
+		ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Cancelled), "cancelled")
 	}
-	ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Done), "done")
-	ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Cancelled), "cancelled")
 	ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.GaugeValue, float64(st.Overdue))
 	age := 0.0
 	if !st.OldestPendingDue.IsZero() && now.After(st.OldestPendingDue) {

@@ -33,13 +33,15 @@ func newRunCmd(a *app) *cobra.Command {
 		drain     time.Duration
 		pubWait   time.Duration
 		maxBytes  int64
+		statsEach time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the relay, the scanner and the cleaner, with metrics and health over HTTP",
 		Long: `run is the daemon: it publishes pending tasks to the broker (relay), publishes
 again what a broker lost (scanner), deletes finished tasks past their retention
-(cleaner), and serves HTTP on --http:
+(cleaner), recounts tasks by state and topic for status and /metrics (every
+--stats-interval, one daemon at a time), and serves HTTP on --http:
 
   /metrics  Prometheus metrics: outbox backlog by state and topic, relay publish
             rate and latency, rescues, dead tasks. Labels hold topics and states
@@ -79,6 +81,7 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Logger: a.log})
+			stats := outbox.NewStatsRefresher(db, outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log})
 
 			ln, err := a.listenHTTP(httpAddr)
 			if err != nil {
@@ -102,6 +105,9 @@ back (up to --drain) and exits 0.`,
 			}
 			if !noClean {
 				start(cleaner.Run)
+			}
+			if statsEach > 0 {
+				start(stats.Run)
 			}
 			httpErr := make(chan error, 1)
 			go func() { httpErr <- srv.Serve(ln) }()
@@ -137,6 +143,7 @@ back (up to --drain) and exits 0.`,
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
+	f.DurationVar(&statsEach, "stats-interval", outbox.DefaultStatsInterval, "how often the task counts that status and /metrics read are recounted, by one daemon of several (0 = never in this process)")
 	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
 	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "how long one batch's publish may take before its rows are retried later; no database lock is held meanwhile")
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")

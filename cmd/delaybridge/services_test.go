@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,7 +85,7 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	root := newRootCmd()
-	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", addr, "--grace", "1s"}, rabbitFlags(t)...))
+	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", addr, "--grace", "1s", "--stats-interval", "100ms"}, rabbitFlags(t)...))
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	done := make(chan error, 1)
@@ -107,11 +108,21 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	if code, body := get(t, "http://"+addr+"/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d %q", code, body)
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics")
-	for _, want := range []string{"delaybridge_relay_published_total 1", `delaybridge_outbox_tasks{state="published",topic="run-test"} 1`, "delaybridge_outbox_up 1"} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %q", want)
+	// The task counts come from the background count, which catches up
+	// with the publish within an interval or two.
+	wants := []string{"delaybridge_relay_published_total 1", `delaybridge_outbox_tasks{state="published",topic="run-test"} 1`,
+		"delaybridge_outbox_up 1", "delaybridge_outbox_stats_age_seconds "}
+	var metrics string
+	for {
+		_, metrics = get(t, "http://"+addr+"/metrics")
+		lacks := slices.DeleteFunc(slices.Clone(wants), func(w string) bool { return strings.Contains(metrics, w) })
+		if len(lacks) == 0 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q:\n%s", lacks, metrics)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if strings.Contains(metrics, "delaybridge:delaybridge@") || strings.Contains(metrics, "k1") {
 		t.Error("/metrics exposes a DSN or a task key")

@@ -17,18 +17,36 @@ import (
 func newStatusCmd(a *app) *cobra.Command {
 	var (
 		asJSON bool
+		live   bool
 		grace  time.Duration
 		window time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the outbox backlog, overdue and dead tasks, and recent lateness",
-		Args:  cobra.NoArgs,
+		Long: `status shows the outbox backlog by state and topic, the finished tasks kept,
+the oldest pending task, overdue and dead tasks, and recent lateness.
+
+Counting tasks by state and topic reads the whole table, so the counts come from
+a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
+--stats-interval), and status says how old they are. Without a summary, or with
+--live, status counts the table once itself.`,
+		Args: cobra.NoArgs,
 		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
-			st, err := outbox.ReadStats(ctx, db, now, grace, window)
-			if err != nil {
-				return err
+			var st *outbox.Stats
+			var err error
+			if !live {
+				if st, err = outbox.ReadStats(ctx, db, now, grace, window); err != nil {
+					return err
+				}
+			}
+			// No summary yet (no daemon has run): count once, whatever it
+			// costs, rather than show nothing.
+			if live || st.CountsAt.IsZero() {
+				if st, err = outbox.CountStats(ctx, db, now, grace, window); err != nil {
+					return err
+				}
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
@@ -53,6 +71,12 @@ func newStatusCmd(a *app) *cobra.Command {
 			if !st.OldestPendingDue.IsZero() {
 				oldest = fmt.Sprintf("%s (%s ago)", st.OldestPendingDue.Format(time.RFC3339), now.Sub(st.OldestPendingDue).Round(time.Second))
 			}
+			if st.Live {
+				fmt.Fprintln(a.stdout, "counts: counted live now (no summary from `delaybridge run` yet, or --live)")
+			} else {
+				fmt.Fprintf(a.stdout, "counts: as of %s (%s ago; `delaybridge run` refreshes them)\n",
+					st.CountsAt.Format(time.RFC3339), st.CountsAge.Round(time.Second))
+			}
 			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (published, > %v past due): %d\ndead: %d\n", oldest, grace, st.Overdue, st.Dead)
 			l := st.Lateness
 			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
@@ -60,6 +84,7 @@ func newStatusCmd(a *app) *cobra.Command {
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
+	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary `delaybridge run` keeps (slow on a large outbox)")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
 	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary")
 	return cmd
