@@ -31,6 +31,7 @@ type brokerFlags struct {
 	rabbitDepth    int
 	rabbitPrefetch int
 	rabbitSplit    bool
+	rabbitMaxLen   int
 
 	namesrv     string
 	rocketMode  string
@@ -55,6 +56,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
 	fs.IntVar(&b.rabbitDepth, "rabbit-depth", rabbit.DefaultDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
 	fs.BoolVar(&b.rabbitSplit, "rabbit-split-envelope", false, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
+	fs.IntVar(&b.rabbitMaxLen, "rabbit-max-length", rabbit.DefaultMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
 	fs.IntVar(&b.rabbitPrefetch, "rabbit-prefetch", rabbit.DefaultPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + 200ms)")
 	fs.StringVar(&b.namesrv, "rocketmq-namesrv", "127.0.0.1:9876", "RocketMQ name servers, comma separated host:port")
 	fs.StringVar(&b.rocketMode, "rocketmq-mode", "timer", "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
@@ -132,7 +134,7 @@ func parseLevels(s string) ([]time.Duration, error) {
 }
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, Logger: a.log}
+	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, MaxLength: b.rabbitMaxLen, Logger: a.log}
 	if b.amqpURL == "" {
 		return cfg, notConfigured("amqp-url", "no RabbitMQ configured")
 	}

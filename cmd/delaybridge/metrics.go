@@ -33,6 +33,9 @@ type metrics struct {
 	retries  *prometheus.CounterVec
 	dead     *prometheus.CounterVec
 	stuck    *prometheus.CounterVec
+
+	// outbox exports the outbox's counts; nil without a database.
+	outbox *outboxCollector
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
@@ -57,7 +60,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 		read := func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
 			return outbox.ReadStats(ctx, db, now, grace, 0)
 		}
-		m.reg.MustRegister(&outboxCollector{read: read, log: log})
+		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
+		m.reg.MustRegister(m.outbox)
 	}
 	return m
 }
@@ -99,6 +103,8 @@ func (m *metrics) consumerHooks() broker.Hooks {
 type outboxCollector struct {
 	read func(ctx context.Context, now time.Time) (*outbox.Stats, error)
 	log  *slog.Logger
+	// maxTopics bounds the topic series per state (run --metrics-topics).
+	maxTopics int
 
 	mu       sync.Mutex
 	inFlight *statsRead
@@ -152,9 +158,9 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// maxTopicSeries bounds the topic series per state: producers choose topic
-// names, and a series per topic would let them grow every scrape without
-// end.
+// maxTopicSeries is the default bound on the topic series per state:
+// producers choose topic names, and a series per topic would let them grow
+// every scrape without end.
 const maxTopicSeries = 200
 
 // otherTopics labels the sum of the topics past maxTopicSeries; it is not
@@ -200,7 +206,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	if !st.CountsAt.IsZero() {
 		ch <- prometheus.MustNewConstMetric(descStatsAge, prometheus.GaugeValue, max(0, st.CountsAge.Seconds()))
 		for state, topics := range st.Backlog {
-			for topic, n := range capTopics(topics, maxTopicSeries) {
+			for topic, n := range capTopics(topics, c.maxTopics) {
 				ch <- prometheus.MustNewConstMetric(descTasks, prometheus.GaugeValue, float64(n), string(state), topic)
 			}
 		}

@@ -34,6 +34,7 @@ func newRunCmd(a *app) *cobra.Command {
 		pubWait   time.Duration
 		maxBytes  int64
 		statsEach time.Duration
+		mTopics   int
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -70,7 +71,11 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer cl.close()
+			if mTopics < 1 {
+				return fmt.Errorf("--metrics-topics must be at least 1, not %d", mTopics)
+			}
 			m := newMetrics(db, grace, a.log)
+			m.outbox.maxTopics = mTopics
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {
@@ -146,6 +151,7 @@ back (up to --drain) and exits 0.`,
 	f.DurationVar(&statsEach, "stats-interval", outbox.DefaultStatsInterval, "how often the task counts that status and /metrics read are recounted, by one daemon of several (0 = never in this process)")
 	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
 	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "how long one batch's publish may take before its rows are retried later; no database lock is held meanwhile")
+	f.IntVar(&mTopics, "metrics-topics", maxTopicSeries, "the most topics /metrics reports each state's tasks for; the rest are summed under topic=\"(other)\"")
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
 	return cmd
 }
