@@ -52,16 +52,7 @@ func rabbitAdapter(t testing.TB) adapter {
 	return adapter{
 		name: "rabbit",
 		open: func(t testing.TB, topic string) (broker.Publisher, broker.Subscriber) {
-			pub, err := rabbit.NewPublisher(context.Background(), cfg)
-			if err != nil {
-				t.Fatalf("rabbit.NewPublisher: %v", err)
-			}
-			sub, err := rabbit.NewSubscriber(cfg)
-			if err != nil {
-				t.Fatalf("rabbit.NewSubscriber: %v", err)
-			}
-			t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
-			return pub, sub
+			return rabbitClients(t, cfg)
 		},
 		lose: func(t testing.TB, topic string) {
 			conn, err := amqp.Dial(cfg.URL)
@@ -86,6 +77,23 @@ func rabbitAdapter(t testing.TB) adapter {
 			t.Logf("purged %d messages from the ladder and the consumer queue", lost)
 		},
 	}
+}
+
+// rabbitClients opens a publisher and a subscriber on cfg, closed at
+// cleanup.
+func rabbitClients(t testing.TB, cfg rabbit.Config) (*rabbit.Publisher, *rabbit.Subscriber) {
+	t.Helper()
+	pub, err := rabbit.NewPublisher(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("rabbit.NewPublisher: %v", err)
+	}
+	sub, err := rabbit.NewSubscriber(cfg)
+	if err != nil {
+		_ = pub.Close()
+		t.Fatalf("rabbit.NewSubscriber: %v", err)
+	}
+	t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+	return pub, sub
 }
 
 func ladderQueues(cfg rabbit.Config) []string {

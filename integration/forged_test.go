@@ -16,7 +16,6 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // reasons records why deliveries went dead.
@@ -58,15 +57,7 @@ type forgeTarget struct {
 
 func rabbitForgeTarget(t *testing.T, victim string) forgeTarget {
 	cfg := rabbitConfig(t)
-	pub, err := rabbit.NewPublisher(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := rabbit.NewSubscriber(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+	pub, sub := rabbitClients(t, cfg)
 	conn, err := amqp.Dial(cfg.URL)
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
@@ -47,15 +46,7 @@ func TestOutage_PaymentsNeverWaitOnABroker(t *testing.T) {
 			proxy := testenv.NewProxy(t, u.Host)
 			u.Host = proxy.Addr()
 			cfg.URL = u.String()
-			pub, err := rabbit.NewPublisher(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sub, err := rabbit.NewSubscriber(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+			pub, sub := rabbitClients(t, cfg)
 			return pub, sub, func() { proxy.Cut(); time.Sleep(outageLength); proxy.Restore() }
 		}},
 		{"rocket", func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber, func()) {

@@ -16,9 +16,6 @@ import (
 // Claimed is one task row a claim locked, as the message to publish for it.
 type Claimed struct {
 	Message *broker.Message
-	// PublishAttempts is the row's publish_attempts before this claim.
-	// Message.Attempt is the row's handler attempt (attempts).
-	PublishAttempts int
 	// HeadersErr is set when the row's headers could not be read or no
 	// broker would carry them (a hand-edited row); the message then
 	// carries none rather than block or be refused.
@@ -74,7 +71,7 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 	// Rows past MaxBytes are read and dropped, never kept: a batch of large
 	// payloads never sits in memory whole, and they stay for the next claim
 	// (their locks go with the commit; only kept rows are leased).
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, publish_attempts, attempts
+	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
 ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
@@ -94,7 +91,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 			payload        sql.RawBytes
 			headers, trace sql.NullString
 		)
-		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &payload, &headers, &trace, &m.Generation, &c.PublishAttempts, &m.Attempt); err != nil {
+		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &payload, &headers, &trace, &m.Generation, &m.Attempt); err != nil {
 			return nil, fmt.Errorf("outbox: read claim: %w", err)
 		}
 		size := int64(len(payload))

@@ -95,7 +95,7 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 // groupRow is a locked task row of a group.
 type groupRow struct {
 	id, gen, due, dbNow int64
-	state               string
+	topic, key, state   string
 }
 
 // lockGroup locks the task row of each message, by id where the message
@@ -109,11 +109,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 			ids = append(ids, m.TaskID)
 		}
 	}
-	type rowKey struct {
-		topic, key string
-	}
 	byID := map[int64]*groupRow{}
-	keyOf := map[int64]rowKey{}
 	for _, chunk := range chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
 			" FROM delay_task WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
@@ -122,15 +118,15 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 		}
 		for rows.Next() {
 			var (
-				r     groupRow
-				topic string
-				key   []byte
+				r   groupRow
+				key []byte
 			)
-			if err := rows.Scan(&r.id, &topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
+			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 			}
-			byID[r.id], keyOf[r.id] = &r, rowKey{topic, string(key)}
+			r.key = string(key)
+			byID[r.id] = &r
 		}
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
@@ -139,7 +135,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 	for i, m := range msgs {
 		if m.TaskID != 0 {
 			// The row must be the message's task, not another that took its id.
-			if r := byID[m.TaskID]; r != nil && keyOf[m.TaskID] == (rowKey{m.Topic, m.Key}) {
+			if r := byID[m.TaskID]; r != nil && r.topic == m.Topic && r.key == m.Key {
 				out[i] = r
 			}
 			continue
