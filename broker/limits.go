@@ -24,12 +24,20 @@ type Limits struct {
 	// or late (a timer wheel slot, a ladder unit). The consumer holds a
 	// message that arrives up to this early. Zero means one millisecond.
 	Precision time.Duration
+	// Lookahead is the broker's advice to the relay: how long before its
+	// due time a task should move from the database into this broker when
+	// the relay is not told otherwise (outbox.RelayConfig.Lookahead). Long
+	// enough for a burst due at one instant to be published before it; short
+	// enough that tasks due later wait in the database, where they cost the
+	// broker no memory and a cancel costs nothing. Zero: no advice, publish
+	// every pending task at once.
+	Lookahead time.Duration
 }
 
 // Validate reports limits no planner can work with.
 func (l Limits) Validate() error {
-	if l.MaxHop < 0 || l.Precision < 0 {
-		return errors.New("broker: limits: negative MaxHop or Precision")
+	if l.MaxHop < 0 || l.Precision < 0 || l.Lookahead < 0 {
+		return errors.New("broker: limits: negative MaxHop, Precision or Lookahead")
 	}
 	for i, lv := range l.Levels {
 		if lv <= 0 {

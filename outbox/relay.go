@@ -23,10 +23,13 @@ type RelayConfig struct {
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
 	// batches apart. Default 4.
 	Workers int
-	// Lookahead, when set, publishes only rows due within it: a task far
-	// from due waits in the database (cheap, and cancelled for free) and
-	// moves into the broker shortly before it is due. Default 0: publish
-	// every pending row at once.
+	// Lookahead publishes only rows due within it: a task far from due
+	// waits in the database (cheap, and cancelled for free) and moves into
+	// the broker shortly before it is due. Default: the publisher's advice,
+	// Limits().Lookahead (RabbitMQ 5s, RocketMQ 10s; see docs/tuning.md).
+	// Negative publishes every pending row at once, however far its due
+	// time. It must be at least the relay's reaction time (Probe, or
+	// IdleMax without a probe) and at most one broker hop (Limits().MaxHop).
 	Lookahead time.Duration
 	// IdleMin and IdleMax bound the idle poll: after an empty claim the
 	// wait doubles from IdleMin up to IdleMax; Nudge cuts it short.
@@ -147,10 +150,47 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 		return nil, errors.New("outbox: NewRelay needs a database and a publisher")
 	}
 	cfg = cfg.withDefaults()
+	limits := pub.Limits()
+	switch {
+	case cfg.Lookahead == 0:
+		// The advice, within one hop of a short test ladder.
+		cfg.Lookahead = limits.Lookahead
+		if limits.MaxHop > 0 {
+			cfg.Lookahead = min(cfg.Lookahead, limits.MaxHop)
+		}
+	case cfg.Lookahead < 0:
+		cfg.Lookahead = 0 // every pending row at once
+	}
+	if err := checkLookahead(cfg, limits); err != nil {
+		return nil, err
+	}
 	if cfg.Lease <= cfg.PublishTimeout {
 		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
 	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan struct{}, cfg.Workers)}, nil
+}
+
+// checkLookahead refuses a lookahead the relay cannot keep: shorter than
+// the relay takes to notice a row came due, every task would reach the
+// broker late; longer than one hop, every task published that early would
+// need a second one.
+func checkLookahead(cfg RelayConfig, limits broker.Limits) error {
+	if cfg.Lookahead <= 0 {
+		return nil
+	}
+	react, what := cfg.Probe, "Probe"
+	if react <= 0 {
+		react, what = cfg.IdleMax, "IdleMax (the probe is off)"
+	}
+	if cfg.Lookahead < react {
+		return fmt.Errorf("outbox: NewRelay: Lookahead %v is shorter than the relay's %s %v, so tasks would reach the broker after they are due; raise Lookahead to at least %v or lower %s",
+			cfg.Lookahead, what, react, react, what)
+	}
+	if limits.MaxHop > 0 && cfg.Lookahead > limits.MaxHop {
+		return fmt.Errorf("outbox: NewRelay: Lookahead %v is longer than one broker hop (%v), so every task published that early would hop twice; lower Lookahead to at most %v or raise the broker's limit",
+			cfg.Lookahead, limits.MaxHop, limits.MaxHop)
+	}
+	return nil
 }
 
 // Nudge wakes an idle claim loop at once. Producers in the same process call

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -279,4 +280,71 @@ func TestRelay_NudgeWakesAnIdleRelay(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+func TestRelay_DefaultLookaheadComesFromTheBrokerAndKeepsLaterTasksInTheDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: time.Minute}})
+	t.Cleanup(func() { _ = mem.Close() })
+	now := time.Now()
+	b.schedule(t, outbox.Task{Topic: "la", Key: "inside", DueAt: now.Add(30 * time.Second)})
+	b.schedule(t, outbox.Task{Topic: "la", Key: "cancelled", DueAt: now.Add(10 * time.Minute)})
+	b.schedule(t, outbox.Task{Topic: "la", Key: "moved-in", DueAt: now.Add(time.Hour)})
+	b.schedule(t, outbox.Task{Topic: "la", Key: "moved-out", DueAt: now.Add(20 * time.Second)})
+	relay := newRelay(t, b, mem, outbox.RelayConfig{}) // no Lookahead: the broker's minute
+	// Before the first claim a payment cancels one task and two are moved
+	// across the window, one in, one out.
+	if err := outbox.Cancel(b.ctx, b.db, "la", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "la", "moved-in", now.Add(40*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "la", "moved-out", now.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.Once(b.ctx); n != 2 || err != nil {
+		t.Fatalf("Once = %d, %v; want the two tasks due within the minute", n, err)
+	}
+	want := map[string]outbox.State{"inside": outbox.StatePublished, "moved-in": outbox.StatePublished,
+		"cancelled": outbox.StateCancelled, "moved-out": outbox.StatePending}
+	for key, st := range want {
+		if info, err := outbox.Get(b.ctx, b.db, "la", key); err != nil || info.State != st {
+			t.Errorf("%s: %+v, %v; want %s", key, info, err, st)
+		}
+	}
+	// The cancelled task never reached the broker: only two messages did.
+	if got := mem.Stats().Published; got != 2 {
+		t.Errorf("broker stored %d messages, want 2: a task cancelled before its lookahead costs the broker nothing", got)
+	}
+	// Scheduled inside the window, a task goes out with the next claim.
+	b.schedule(t, outbox.Task{Topic: "la", Key: "late-comer", DueAt: time.Now().Add(5 * time.Second)})
+	if n, err := relay.Once(b.ctx); n != 1 || err != nil {
+		t.Fatalf("Once = %d, %v; want the task scheduled inside the window", n, err)
+	}
+}
+
+func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{MaxHop: time.Hour}})
+	t.Cleanup(func() { _ = mem.Close() })
+	for _, tc := range []struct {
+		cfg  outbox.RelayConfig
+		want string
+	}{
+		{outbox.RelayConfig{Lookahead: 10 * time.Millisecond}, "shorter than the relay's Probe"},
+		{outbox.RelayConfig{Lookahead: 500 * time.Millisecond, Probe: -1, IdleMax: time.Second}, "shorter than the relay's IdleMax"},
+		{outbox.RelayConfig{Lookahead: 2 * time.Hour}, "longer than one broker hop (1h0m0s)"},
+	} {
+		_, err := outbox.NewRelay(b.db, mem, tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewRelay(%+v) = %v; want an error saying %q", tc.cfg, err, tc.want)
+		}
+	}
+	// Negative is every pending row at once, whatever the broker advises.
+	if _, err := outbox.NewRelay(b.db, mem, outbox.RelayConfig{Lookahead: -1}); err != nil {
+		t.Errorf("Lookahead -1: %v", err)
+	}
 }

@@ -55,10 +55,12 @@ const (
 	DefaultDepth = 26
 	// DefaultLead is how much earlier than asked the ladder releases a
 	// message, so the time it spends being dead-lettered from level to level
-	// is spent before the due time, held by the consumer runtime, rather
-	// than after it. Measured per-hop latency on a busy 2-core test box was
-	// about 90ms at the median and 250ms at p99.
-	DefaultLead = 200 * time.Millisecond
+	// (about 90ms a hop at the median and 250ms at p99 on a busy 2-core test
+	// box, more under a burst) is spent before the due time, held by the
+	// consumer runtime, rather than after it. A delay shorter than the lead
+	// skips the ladder: with the relay's default lookahead most tasks take
+	// at most a few short hops.
+	DefaultLead = time.Second
 	// DefaultMaxLength is the x-max-length guard on each ladder queue.
 	DefaultMaxLength = 5_000_000
 	// DefaultConfirmWindow is how many publishes may await their confirm.
@@ -68,7 +70,11 @@ const (
 	// channel in its own process, so two let it parse and route in parallel.
 	DefaultChannels = 2
 	// DefaultPrefetch is the unacked deliveries one subscription may hold.
-	DefaultPrefetch = 1000
+	// Early messages the runtime holds count against it, so it bounds the
+	// due rate one subscription sustains at Prefetch / (Unit + Lead): with
+	// the defaults about 9k tasks/s. The messages held cost the consumer
+	// about their size in memory.
+	DefaultPrefetch = 10000
 	// DefaultConnectionName names the connections in the management UI and
 	// in rabbitmqctl list_connections.
 	DefaultConnectionName = "delaybridge"
@@ -87,6 +93,19 @@ const MaxLevelTTL = math.MaxUint32 * time.Millisecond
 // MaxDelayedExchangeHop is the longest x-delay the delayed-message plugin
 // accepts (2^32 − 1 ms); longer delays hop.
 const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
+
+// LadderLookahead and DelayedExchangeLookahead are the relay's default
+// lookahead on RabbitMQ (broker.Limits.Lookahead). RabbitMQ 3.10 quorum
+// queues keep waiting messages in memory (about 1 KB each) and every
+// ladder level a message passes costs a dead-letter hop, so the broker
+// holds only the next few seconds: enough for the relay to publish a burst
+// of tens of thousands of tasks due at one instant before that instant.
+// The plugin's exchange keeps its messages on one node only, so the same
+// short window limits what a lost node takes with it.
+const (
+	LadderLookahead          = 5 * time.Second
+	DelayedExchangeLookahead = 5 * time.Second
+)
 
 // delayedPrecision is how far from x-delay the plugin may deliver.
 const delayedPrecision = 10 * time.Millisecond
@@ -246,9 +265,9 @@ func (c Config) withDefaults() (Config, error) {
 // limits returns what one hop may do in the configured mode.
 func (c Config) limits() broker.Limits {
 	if c.Mode == ModeDelayedExchange {
-		return broker.Limits{MaxHop: MaxDelayedExchangeHop, Precision: delayedPrecision}
+		return broker.Limits{MaxHop: MaxDelayedExchangeHop, Precision: delayedPrecision, Lookahead: DelayedExchangeLookahead}
 	}
-	return broker.Limits{MaxHop: LadderMaxHop(c.Unit, c.Depth), Precision: c.Unit + max(c.Lead, 0)}
+	return broker.Limits{MaxHop: LadderMaxHop(c.Unit, c.Depth), Precision: c.Unit + max(c.Lead, 0), Lookahead: LadderLookahead}
 }
 
 // LadderMaxHop returns the longest delay one hop of a ladder with this unit

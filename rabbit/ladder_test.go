@@ -319,9 +319,13 @@ func TestLadder_EveryDelayTakesExactlyItsUnits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Up to the top less one: a hop is capped at MaxHop before the lead
-	// comes off, so the top itself is never asked for.
-	top := 1<<testDepth - 2
+	// Up to the top less one, and only delays whose lead plus half a unit
+	// still fit in one hop: a hop is capped at MaxHop before the lead comes
+	// off, so the top itself is never asked for.
+	top := min(1<<testDepth-2, int((LadderMaxHop(testUnit, testDepth)-DefaultLead-testUnit/2)/testUnit))
+	if top < 1<<(testDepth-1) {
+		t.Fatalf("the test ladder (unit %v, depth %d) is too short for the lead %v to reach its top level", testUnit, testDepth, DefaultLead)
+	}
 	sent := time.Now()
 	var msgs []*broker.Message
 	for n := 0; n <= top; n++ {

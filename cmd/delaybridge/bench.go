@@ -146,8 +146,16 @@ applied twice.`,
 			if tasks <= 0 || producers <= 0 || perTx <= 0 || (handler != "noop" && handler != "db") {
 				return fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
 			}
-			if lookahead < 0 || (lookahead > 0 && relayOnly) {
-				return fmt.Errorf("--lookahead must not be negative, and --relay-only cannot wait for a lookahead")
+			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
+			if err != nil {
+				return err
+			}
+			if relayOnly {
+				// The relay's throughput, not its timing: everything at once.
+				if ahead > 0 {
+					return fmt.Errorf("--relay-only cannot wait for a lookahead: leave --lookahead unset")
+				}
+				ahead = -1
 			}
 			a.useDevDefaults(&bf)
 			if err := bf.check(a); err != nil {
@@ -263,7 +271,7 @@ applied twice.`,
 			hooks.Published = func(n int, took time.Duration) { run.relayed.Add(int64(n)); published(n, took) }
 			dead := hooks.Dead
 			hooks.Dead = func(n int) { run.relayed.Add(int64(n)); dead(n) }
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, BatchSize: relayBatch, Lookahead: lookahead, Logger: a.log, Hooks: hooks})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, BatchSize: relayBatch, Lookahead: ahead, Logger: a.log, Hooks: hooks})
 			if err != nil {
 				return err
 			}
@@ -413,9 +421,9 @@ applied twice.`,
 	f.IntVar(&perTx, "per-tx", 1, "tasks scheduled per transaction")
 	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
 	f.IntVar(&relayBatch, "relay-batch", 1000, "rows one relay claim takes")
-	f.DurationVar(&lookahead, "lookahead", 0, "the relay publishes only tasks due within this window, as run --lookahead does (0 = every pending task at once)")
+	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.BoolVar(&anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
-	f.IntVar(&concurrent, "concurrency", 32, "consumer handler concurrency")
+	f.IntVar(&concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
 	f.BoolVar(&relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")

@@ -28,6 +28,7 @@ type brokerFlags struct {
 	rabbitMode     string
 	rabbitPref     string
 	rabbitUnit     time.Duration
+	rabbitLead     time.Duration
 	rabbitDepth    int
 	rabbitPrefetch int
 	rabbitSplit    bool
@@ -54,6 +55,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.rabbitMode, "rabbit-mode", "ladder", "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
+	fs.DurationVar(&b.rabbitLead, "rabbit-lead", rabbit.DefaultLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile (negative = none)")
 	fs.IntVar(&b.rabbitDepth, "rabbit-depth", rabbit.DefaultDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
 	fs.BoolVar(&b.rabbitSplit, "rabbit-split-envelope", false, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
 	fs.IntVar(&b.rabbitMaxLen, "rabbit-max-length", rabbit.DefaultMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
@@ -134,7 +136,7 @@ func parseLevels(s string) ([]time.Duration, error) {
 }
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, MaxLength: b.rabbitMaxLen, Logger: a.log}
+	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Lead: b.rabbitLead, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, MaxLength: b.rabbitMaxLen, Logger: a.log}
 	if b.amqpURL == "" {
 		return cfg, notConfigured("amqp-url", "no RabbitMQ configured")
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
@@ -76,7 +77,11 @@ back (up to --drain) and exits 0.`,
 			}
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
+			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
+			if err != nil {
+				return err
+			}
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {
 				return err
@@ -141,7 +146,7 @@ back (up to --drain) and exits 0.`,
 	f := cmd.Flags()
 	bf.register(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
-	f.DurationVar(&lookahead, "lookahead", 0, "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (0 = every pending task at once)")
+	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
 	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
@@ -205,4 +210,21 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// lookaheadHelp documents --lookahead for run and bench.
+const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ 5s and RocketMQ 10s, see docs/tuning.md; 0 = every pending task at once)"
+
+// lookaheadSetting turns --lookahead into RelayConfig.Lookahead: unset is
+// the broker's advice (0), an explicit 0 every pending task at once (-1).
+func lookaheadSetting(fs *pflag.FlagSet, v time.Duration) (time.Duration, error) {
+	switch {
+	case v < 0:
+		return 0, fmt.Errorf("--lookahead must not be negative, not %v", v)
+	case !fs.Changed("lookahead"):
+		return 0, nil
+	case v == 0:
+		return -1, nil
+	}
+	return v, nil
 }

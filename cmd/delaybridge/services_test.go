@@ -77,7 +77,12 @@ func get(t *testing.T, url string) (int, string) {
 func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	dsn := scratch(t)
 	pool := openDSN(t, dsn)
-	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "k1", DueAt: time.Now().Add(time.Hour)}); err != nil {
+	// k1 is due within RabbitMQ's default lookahead (5s), later the week
+	// after: the first goes to the broker, the second waits in the table.
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "k1", DueAt: time.Now().Add(3 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "later", DueAt: time.Now().Add(7 * 24 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
@@ -123,6 +128,9 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 			t.Fatalf("/metrics lacks %q:\n%s", lacks, metrics)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if info, err := outbox.Get(context.Background(), pool, "run-test", "later"); err != nil || info.State != outbox.StatePending {
+		t.Errorf("a task due next week: %+v, %v; want it still pending, outside the default lookahead", info, err)
 	}
 	if strings.Contains(metrics, "delaybridge:delaybridge@") || strings.Contains(metrics, "k1") {
 		t.Error("/metrics exposes a DSN or a task key")
