@@ -29,6 +29,7 @@ func newRunCmd(a *app) *cobra.Command {
 		workers   int
 		grace     time.Duration
 		retention time.Duration
+		cleanDuty float64
 		noScan    bool
 		noClean   bool
 		drain     time.Duration
@@ -72,6 +73,9 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer cl.close()
+			if cleanDuty <= 0 || cleanDuty > 1 {
+				return fmt.Errorf("--cleaner-duty must be in (0, 1], not %v", cleanDuty)
+			}
 			if mTopics < 1 {
 				return fmt.Errorf("--metrics-topics must be at least 1, not %d", mTopics)
 			}
@@ -90,7 +94,7 @@ back (up to --drain) and exits 0.`,
 			if err != nil {
 				return err
 			}
-			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Logger: a.log})
+			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Duty: cleanDuty, Logger: a.log})
 			stats := outbox.NewStatsRefresher(db, outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log})
 
 			ln, err := a.listenHTTP(httpAddr)
@@ -151,6 +155,7 @@ back (up to --drain) and exits 0.`,
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
 	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
+	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of its time the cleaner spends deleting; it pauses between batches for the rest, so order transactions keep their latency (1 = back to back)")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
 	f.DurationVar(&statsEach, "stats-interval", outbox.DefaultStatsInterval, "how often the task counts that status and /metrics read are recounted, by one daemon of several (0 = never in this process)")
