@@ -55,7 +55,8 @@ func newDoctorCmd(a *app) *cobra.Command {
 the database version supports SKIP LOCKED, the outbox schema is migrated, and
 its clock agrees with this host; for RabbitMQ, the server version, quorum
 queues with at-least-once dead-lettering, whether the delayed-message plugin
-is present, and whether the ladder topology of --rabbit-prefix is in place
+is present (and, in delayed-exchange mode, what it does not promise), and
+whether the ladder topology of --rabbit-prefix is in place
 with the configured depth; for RocketMQ, that timer messages are on, that the
 broker accepts a hop of --rocketmq-max-delay and refuses one just past it
 (probes that stay in the broker's timer store until then, on the topic
@@ -222,20 +223,7 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		}
 		_ = ch.Close()
 	}
-	if ch, err := conn.Channel(); err == nil {
-		x := probeQ + ".x"
-		err := ch.ExchangeDeclare(x, "x-delayed-message", false, true, false, false, amqp.Table{"x-delayed-type": "direct"})
-		switch {
-		case err == nil:
-			_ = ch.ExchangeDelete(x, false, false)
-			_ = ch.Close()
-			r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
-		case bf.rabbitMode == "delayed-exchange":
-			r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
-		default:
-			r.ok("delayed-message plugin absent (not needed in ladder mode)")
-		}
-	}
+	checkRabbitPlugin(ctx, bf, cfg, r)
 	if bf.rabbitMode != "ladder" {
 		return
 	}
@@ -395,4 +383,31 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 			return
 		}
 	}
+}
+
+// checkRabbitPlugin reports whether the delayed-message plugin is there and,
+// in delayed-exchange mode, what it does not promise.
+func checkRabbitPlugin(ctx context.Context, bf *brokerFlags, cfg rabbit.Config, r *report) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	present, err := rabbit.PluginPresent(cctx, cfg)
+	delayed := bf.rabbitMode == "delayed-exchange"
+	switch {
+	case err != nil:
+		r.fail("cannot tell whether the delayed-message plugin is present: %v", scrub(err, bf.amqpURL))
+		return
+	case !present && delayed:
+		r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
+		return
+	case !present:
+		r.ok("delayed-message plugin absent (not needed in ladder mode)")
+		return
+	case !delayed:
+		r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
+		return
+	}
+	r.ok("delayed-message plugin present: delayed-exchange mode works; one hop is at most %v, longer delays hop", rabbit.MaxDelayedExchangeHop)
+	r.warn("delayed-exchange mode: the plugin keeps waiting messages in a Mnesia table on one node, not replicated; a lost node loses them and the scanner publishes them again after --grace (the ladder's quorum queues are replicated)")
+	r.warn("delayed-exchange mode: the plugin routes a message only when it is due, so publishing cannot ask for mandatory returns; a message whose topic queue is gone is dropped silently and only the scanner notices")
+	r.warn("delayed-exchange mode: upstream calls the plugin unmaintained and meant for delays of a day or two, not for hundreds of thousands of waiting messages; the ladder (--rabbit-mode ladder) has none of these limits")
 }
