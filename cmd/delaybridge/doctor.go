@@ -98,16 +98,15 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		return
 	}
 	defer db.Close()
-	var version string
-	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	d, err := outbox.InspectDatabase(ctx, db)
+	if err != nil {
 		r.fail("database: %v", err)
 		return
 	}
 	checkDatabaseTransport(ctx, a, db, r)
-	if skipLockedSupported(version) {
-		r.ok("database %s supports FOR UPDATE SKIP LOCKED", version)
-	} else {
-		r.fail("database %s lacks FOR UPDATE SKIP LOCKED: use MySQL 8.0.1+ or MariaDB 10.6+", version)
+	unsafe := d.Check()
+	if unsafe != nil {
+		r.fail("database: %v", unsafe)
 	}
 	var applied sql.NullInt64
 	migs, merr := outbox.Migrations()
@@ -120,6 +119,14 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		r.fail("outbox schema at version %d, this binary needs %d: run delaybridge migrate", applied.Int64, migs[len(migs)-1].Version)
 	default:
 		r.ok("outbox schema at version %d", applied.Int64)
+		if unsafe != nil {
+			break
+		}
+		if err := outbox.ProbeSkipLocked(ctx, db); err != nil {
+			r.fail("database %s: %v", d, err)
+		} else {
+			r.ok("database %s: FOR UPDATE SKIP LOCKED skips a row another connection holds (probed)%s", d, binlogNote(d))
+		}
 	}
 	before := time.Now()
 	var dbMS int64
@@ -171,19 +178,12 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// skipLockedSupported reads a VERSION() string.
-func skipLockedSupported(v string) bool {
-	maria := strings.Contains(strings.ToLower(v), "mariadb")
-	parts := strings.SplitN(strings.SplitN(v, "-", 2)[0], ".", 3)
-	if len(parts) < 2 {
-		return false
+// binlogNote says what doctor found about the binary log.
+func binlogNote(d outbox.Database) string {
+	if !d.BinlogOn {
+		return "; binary log off"
 	}
-	major, _ := strconv.Atoi(parts[0])
-	minor, _ := strconv.Atoi(parts[1])
-	if maria {
-		return major > 10 || (major == 10 && minor >= 6)
-	}
-	return major >= 8
+	return "; binary log format " + d.BinlogFormat
 }
 
 func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {

@@ -66,6 +66,9 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer db.Close()
+			if _, err := outbox.CheckDatabase(ctx, db); err != nil {
+				return err
+			}
 			cl, err := bf.open(ctx, a, false)
 			if err != nil {
 				return err
