@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,8 +58,11 @@ its clock agrees with this host; for RabbitMQ, the server version, quorum
 queues with at-least-once dead-lettering, whether the delayed-message plugin
 is present (and, in delayed-exchange mode, what it does not promise), and
 whether the ladder topology of --rabbit-prefix is in place
-with the configured depth; for RocketMQ, that timer messages are on, that the
-broker accepts a hop of --rocketmq-max-delay and refuses one just past it
+with the configured depth; for RocketMQ, the brokers' timerWheelEnable,
+timerMaxDelaySec, timerPrecisionMs and messageDelayLevel (read through the admin
+API, as run reads them) against --rocketmq-max-delay, --rocketmq-precision and
+--rocketmq-levels, that the broker accepts a hop of the max hop and refuses one
+just past it
 (probes that stay in the broker's timer store until then, on the topic
 delaybridge-doctor), and the measured delivery precision of a short probe.
 Every line starts with OK, WARN or FAIL; the exit code is 1 when any check
@@ -275,6 +279,9 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		r.fail("rocket: %v", err)
 		return
 	}
+	if !checkRocketLimits(ctx, bf, &cfg, r) {
+		return
+	}
 	if err := func() error {
 		pub, err := rocket.NewPublisher(cfg)
 		if err != nil {
@@ -289,10 +296,10 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		return
 	}
 	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)
-	if bf.rocketMode == "timer" {
+	if maxHop := cfg.Limits.MaxHop; len(cfg.Limits.Levels) == 0 {
 		// A probe publisher whose own limit never cuts the probe's delay.
 		pcfg := cfg
-		pcfg.Limits = rocket.TimerLimits(bf.rocketMax+time.Hour, bf.rocketPrec)
+		pcfg.Limits = rocket.TimerLimits(maxHop+time.Hour, cfg.Limits.Precision)
 		pub, err := rocket.NewPublisher(pcfg)
 		if err != nil {
 			r.fail("rocket publisher: %v", err)
@@ -305,20 +312,20 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 			defer cancel()
 			return broker.PublishResults(pub.Publish(sctx, m), 1)[0]
 		}
-		if err := send(bf.rocketMax); err != nil {
+		if err := send(maxHop); err != nil {
 			var re *rocket.RejectedError
 			if errors.As(err, &re) && re.BrokerMaxDelay > 0 {
-				r.fail("the broker refuses a hop of --rocketmq-max-delay %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", bf.rocketMax, re.BrokerMaxDelay)
+				r.fail("the broker refuses a hop of the max hop %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", maxHop, re.BrokerMaxDelay)
 			} else {
-				r.fail("a timer probe of %v failed: %v", bf.rocketMax, err)
+				r.fail("a timer probe of %v failed: %v", maxHop, err)
 			}
 		} else {
-			r.ok("the broker accepts a timer hop of --rocketmq-max-delay %v", bf.rocketMax)
-			past := bf.rocketMax + time.Minute
+			r.ok("the broker accepts a timer hop of the max hop %v", maxHop)
+			past := maxHop + time.Minute
 			if err := send(past); err == nil {
-				r.warn("the broker also accepts %v: its timerMaxDelaySec is above --rocketmq-max-delay %v; raise the flag to save hops", past, bf.rocketMax)
+				r.warn("the broker also accepts %v: its timerMaxDelaySec is above max hop %v; raise --rocketmq-max-delay (or leave it unset) to save hops", past, maxHop)
 			} else if errors.Is(err, broker.ErrRejected) {
-				r.ok("the broker refuses %v: --rocketmq-max-delay matches its timerMaxDelaySec", past)
+				r.ok("the broker refuses %v: the max hop matches its timerMaxDelaySec", past)
 			} else {
 				r.warn("probe past the limit failed without a rejection: %v", err)
 			}
@@ -410,4 +417,37 @@ func checkRabbitPlugin(ctx context.Context, bf *brokerFlags, cfg rabbit.Config, 
 	r.warn("delayed-exchange mode: the plugin keeps waiting messages in a Mnesia table on one node, not replicated; a lost node loses them and the scanner publishes them again after --grace (the ladder's quorum queues are replicated)")
 	r.warn("delayed-exchange mode: the plugin routes a message only when it is due, so publishing cannot ask for mandatory returns; a message whose topic queue is gone is dropped silently and only the scanner notices")
 	r.warn("delayed-exchange mode: upstream calls the plugin unmaintained and meant for delays of a day or two, not for hundreds of thousands of waiting messages; the ladder (--rabbit-mode ladder) has none of these limits")
+}
+
+// checkRocketLimits reads the brokers' delay settings through the admin
+// API, reports them, and resolves the configured limits against them as
+// run does: unset ones become the brokers', ones they cannot keep fail. On
+// success cfg holds the resolved limits, trusted from then on.
+func checkRocketLimits(ctx context.Context, bf *brokerFlags, cfg *rocket.Config, r *report) bool {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	live, err := rocket.ReadBrokerLimits(cctx, *cfg)
+	if err != nil {
+		r.fail("RocketMQ at %s: cannot read the brokers' delay settings: %v", bf.namesrv, scrub(err, bf.rocketSK))
+		return false
+	}
+	names := make([]string, 0, len(live.Brokers))
+	for name, addr := range live.Brokers {
+		names = append(names, name+" "+addr)
+	}
+	slices.Sort(names)
+	r.ok("RocketMQ brokers %s: timerWheelEnable=%v, timerMaxDelaySec %v, timerPrecisionMs %v, messageDelayLevel %v",
+		strings.Join(names, ", "), live.TimerWheel, live.TimerMaxDelay, live.TimerPrecision, live.Levels)
+	resolved, err := live.Resolve(cfg.Limits)
+	if err != nil {
+		r.fail("%v", err)
+		return false
+	}
+	if len(resolved.Levels) > 0 {
+		r.ok("delay levels: %v, the brokers' own", resolved.Levels)
+	} else {
+		r.ok("timer limits: max hop %v (--rocketmq-max-delay %v), precision %v (--rocketmq-precision %v); 0 means the brokers'", resolved.MaxHop, bf.rocketMax, resolved.Precision, bf.rocketPrec)
+	}
+	cfg.Limits, cfg.TrustLimits = resolved, true
+	return true
 }
