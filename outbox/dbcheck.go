@@ -144,6 +144,9 @@ func CheckDatabase(ctx context.Context, db *sql.DB) (Database, error) {
 	return d, ProbeSkipLocked(ctx, db)
 }
 
+// probeLock is the named lock that serialises SKIP LOCKED probes.
+const probeLock = "delaybridge_skip_locked_probe"
+
 // probeWait bounds the lock wait of the probe's SKIP LOCKED claim: one that
 // waits for the lock instead of skipping the row fails after it.
 const probeWait = 2 * time.Second
@@ -153,7 +156,9 @@ const probeWait = 2 * time.Second
 // second must first see the row while it is free, then skip it while it is
 // locked: a database that returns the locked row, or waits for the lock,
 // does not skip locked rows and fails with ErrUnsupportedDatabase. Both
-// transactions roll back. The schema must be migrated.
+// transactions roll back. Probes run one at a time (a named lock), so
+// daemons starting together do not mistake each other's lock for the
+// database's. The schema must be migrated.
 func ProbeSkipLocked(ctx context.Context, db *sql.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, 4*probeWait)
 	defer cancel()
@@ -166,6 +171,15 @@ func ProbeSkipLocked(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("outbox: SKIP LOCKED probe: %w", err)
 	}
 	defer claimer.Close()
+	// Daemons starting together probe the same row: one at a time, or one's
+	// lock would look like the other's database not skipping.
+	var got sql.NullInt64
+	if err := claimer.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", probeLock, int(2*probeWait/time.Second)).Scan(&got); err != nil || got.Int64 != 1 {
+		return fmt.Errorf("outbox: SKIP LOCKED probe: another probe holds %s: %v", probeLock, err)
+	}
+	defer func() {
+		_, _ = claimer.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", probeLock)
+	}()
 	// A claim that waits for the lock rather than skipping the row gives up
 	// after probeWait; the session's own setting is restored after.
 	if _, err := claimer.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = ?", int(probeWait/time.Second)); err != nil {

@@ -148,3 +148,18 @@ func TestProbeSkipLocked_NeedsTheMigratedSchema(t *testing.T) {
 		t.Errorf("ProbeSkipLocked on an empty database = %v, want an error saying to migrate", err)
 	}
 }
+
+// Daemons starting together probe the same row; none may mistake another's
+// lock for a database that does not skip.
+func TestProbeSkipLocked_ConcurrentProbesAllPass(t *testing.T) {
+	b := setup(t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- outbox.ProbeSkipLocked(b.ctx, b.db) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
