@@ -24,8 +24,12 @@ var ErrLimitsExceedBroker = errors.New("rocket: configured limits exceed the bro
 // what every broker can keep: the smallest maximum delay, the coarsest
 // precision; TimerWheel is true only when every broker has it on.
 type BrokerLimits struct {
-	// Brokers are the addresses asked, broker name → master address.
+	// Brokers are the masters that answered, broker name → address.
 	Brokers map[string]string
+	// Unanswered are the masters the name servers list that did not
+	// answer (a broker down for the moment), broker name → why. Their
+	// settings are assumed to be those of the others.
+	Unanswered map[string]error
 	// TimerWheel is timerWheelEnable: RocketMQ 5 timer messages work.
 	TimerWheel bool
 	// TimerMaxDelay is timerMaxDelaySec, the longest timer delay.
@@ -85,7 +89,9 @@ func (b BrokerLimits) Resolve(l broker.Limits) (broker.Limits, error) {
 // ReadBrokerLimits asks the name servers of c for every broker group and
 // each group's master for its timer and delay-level settings, through the
 // remoting protocol's admin requests (GET_BROKER_CLUSTER_INFO and
-// GET_BROKER_CONFIG). Each request is bounded by c.SendTimeout.
+// GET_BROKER_CONFIG). Each request is bounded by c.SendTimeout. A master
+// that does not answer is listed in Unanswered; it is an error only when
+// none answers.
 func ReadBrokerLimits(ctx context.Context, c Config) (BrokerLimits, error) {
 	c, err := c.withDefaults()
 	if err != nil {
@@ -105,7 +111,7 @@ func ReadBrokerLimits(ctx context.Context, c Config) (BrokerLimits, error) {
 	if len(masters) == 0 {
 		return BrokerLimits{}, errors.New("rocket: the name servers know no broker")
 	}
-	out := BrokerLimits{Brokers: masters, TimerWheel: true}
+	out := BrokerLimits{Brokers: map[string]string{}, Unanswered: map[string]error{}, TimerWheel: true}
 	first := true
 	names := make([]string, 0, len(masters))
 	for name := range masters {
@@ -116,8 +122,10 @@ func ReadBrokerLimits(ctx context.Context, c Config) (BrokerLimits, error) {
 		addr := masters[name]
 		props, err := brokerConfig(ctx, c, addr)
 		if err != nil {
-			return BrokerLimits{}, fmt.Errorf("rocket: read the configuration of broker %s at %s: %w", name, addr, err)
+			out.Unanswered[name] = fmt.Errorf("read the configuration of broker %s at %s: %w", name, addr, err)
+			continue
 		}
+		out.Brokers[name] = addr
 		one, err := parseBrokerLimits(props)
 		if err != nil {
 			return BrokerLimits{}, fmt.Errorf("rocket: broker %s at %s: %w", name, addr, err)
@@ -134,6 +142,13 @@ func ReadBrokerLimits(ctx context.Context, c Config) (BrokerLimits, error) {
 			return BrokerLimits{}, fmt.Errorf("rocket: brokers disagree on messageDelayLevel: broker %s has %s, another %s",
 				name, formatLevels(one.Levels), formatLevels(out.Levels))
 		}
+	}
+	if first {
+		var errs []error
+		for _, name := range names {
+			errs = append(errs, out.Unanswered[name])
+		}
+		return BrokerLimits{}, fmt.Errorf("rocket: no broker answered: %w", errors.Join(errs...))
 	}
 	return out, nil
 }
@@ -219,12 +234,11 @@ func resolveLimits(ctx context.Context, c Config) (Config, error) {
 		if c.Limits.MaxHop == 0 && len(c.Limits.Levels) == 0 {
 			return c, fmt.Errorf("rocket: Config.Limits unset and the broker's own cannot be read (set Config.Limits, or Config.TrustLimits to use the broker defaults): %w", err)
 		}
-		log := c.Logger
-		if log == nil {
-			log = slog.Default()
-		}
-		log.Warn("rocket: cannot read the broker's limits; using the configured ones unchecked", "err", err)
+		logger(c).Warn("rocket: cannot read the broker's limits; using the configured ones unchecked", "err", err)
 		return c, nil
+	}
+	for name, why := range live.Unanswered {
+		logger(c).Warn("rocket: a broker did not answer; its limits are assumed to be the others'", "broker", name, "err", why)
 	}
 	l, err := live.Resolve(c.Limits)
 	if err != nil {
@@ -232,4 +246,11 @@ func resolveLimits(ctx context.Context, c Config) (Config, error) {
 	}
 	c.Limits = l
 	return c, nil
+}
+
+func logger(c Config) *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
 }

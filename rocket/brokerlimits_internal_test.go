@@ -1,10 +1,17 @@
 package rocket
 
 import (
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
 )
 
 func TestQuoteNumericKeys_MakesTheNameServersJSONReadable(t *testing.T) {
@@ -66,5 +73,64 @@ func TestSigned_SignsSortedValuesThenBody(t *testing.T) {
 	}
 	if c := signed(map[string]string{"a": "1", "b": "2"}, []byte("other"), "ak", "sk"); c["Signature"] == a["Signature"] {
 		t.Error("the body does not change the signature")
+	}
+}
+
+// fakeNameServer answers every request on a listener of its own with the
+// cluster table body, as a name server answers GET_BROKER_CLUSTER_INFO.
+func fakeNameServer(t *testing.T, body string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var size uint32
+			if binary.Read(conn, binary.BigEndian, &size) == nil && size < 1<<20 {
+				req := make([]byte, size)
+				if _, err := io.ReadFull(conn, req); err == nil {
+					var h remotingHeader
+					_ = json.Unmarshal(req[4:4+binary.BigEndian.Uint32(req[:4])], &h)
+					header, _ := json.Marshal(remotingHeader{Code: 0, Opaque: h.Opaque, Flag: 1})
+					frame := binary.BigEndian.AppendUint32(nil, uint32(4+len(header)+len(body)))
+					frame = binary.BigEndian.AppendUint32(frame, uint32(len(header)))
+					_, _ = conn.Write(append(append(frame, header...), body...))
+				}
+			}
+			_ = conn.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A broker group whose master is down does not stop a publisher from
+// starting: the others' limits are used and the silent one is named.
+func TestReadBrokerLimits_ABrokerDownIsNamedNotFatal(t *testing.T) {
+	up := testenv.RocketBrokerAddr()
+	if conn, err := net.DialTimeout("tcp", up, 5*time.Second); err != nil {
+		testenv.Unreachable(t, "RocketMQ broker", up, err)
+	} else {
+		_ = conn.Close()
+	}
+	ns := fakeNameServer(t, `{"brokerAddrTable":{"broker-a":{"brokerAddrs":{0:"`+up+`"},"brokerName":"broker-a"},"broker-down":{"brokerAddrs":{0:"127.0.0.1:1"},"brokerName":"broker-down"}}}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	live, err := ReadBrokerLimits(ctx, Config{NameServers: []string{ns}, SendTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live.Brokers["broker-a"] != up || live.Unanswered["broker-down"] == nil || !live.TimerWheel || live.TimerMaxDelay <= 0 {
+		t.Errorf("ReadBrokerLimits = %+v", live)
+	}
+	// With no broker answering it is an error naming them.
+	ns = fakeNameServer(t, `{"brokerAddrTable":{"broker-down":{"brokerAddrs":{0:"127.0.0.1:1"}}}}`)
+	if _, err := ReadBrokerLimits(ctx, Config{NameServers: []string{ns}, SendTimeout: 2 * time.Second}); err == nil || !strings.Contains(err.Error(), "broker-down") {
+		t.Errorf("no broker answering: %v", err)
 	}
 }

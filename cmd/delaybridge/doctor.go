@@ -438,6 +438,9 @@ func checkRocketLimits(ctx context.Context, bf *brokerFlags, cfg *rocket.Config,
 	slices.Sort(names)
 	r.ok("RocketMQ brokers %s: timerWheelEnable=%v, timerMaxDelaySec %v, timerPrecisionMs %v, messageDelayLevel %v",
 		strings.Join(names, ", "), live.TimerWheel, live.TimerMaxDelay, live.TimerPrecision, live.Levels)
+	for name, why := range live.Unanswered {
+		r.warn("RocketMQ broker %s did not answer (its limits are assumed to be the others'): %v", name, why)
+	}
 	resolved, err := live.Resolve(cfg.Limits)
 	if err != nil {
 		r.fail("%v", err)
