@@ -56,7 +56,11 @@ func (b BrokerLimits) Limits() broker.Limits {
 // the broker's; with Levels, they must equal the broker's list.
 func (b BrokerLimits) Resolve(l broker.Limits) (broker.Limits, error) {
 	if l.MaxHop == 0 && l.Precision == 0 && len(l.Levels) == 0 {
-		return b.Limits(), nil
+		// Only the delay fields come from the brokers; any other field of
+		// l (advice for the relay, say) stays as the caller set it.
+		live := b.Limits()
+		l.MaxHop, l.Precision, l.Levels = live.MaxHop, live.Precision, live.Levels
+		return l, nil
 	}
 	if len(l.Levels) > 0 {
 		if !slices.Equal(l.Levels, b.Levels) {
