@@ -180,6 +180,12 @@ type Config struct {
 	ReconnectMax time.Duration
 	// Logger receives the adapter's logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// The package's tests set these to run delayed-exchange mode's hops on
+	// the real plugin in seconds and to meet a broker without the exchange
+	// type; zero means MaxDelayedExchangeHop and the plugin's type.
+	delayedMaxHop time.Duration
+	delayedType   string
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -265,7 +271,7 @@ func (c Config) withDefaults() (Config, error) {
 // limits returns what one hop may do in the configured mode.
 func (c Config) limits() broker.Limits {
 	if c.Mode == ModeDelayedExchange {
-		return broker.Limits{MaxHop: MaxDelayedExchangeHop, Precision: delayedPrecision, Lookahead: DelayedExchangeLookahead}
+		return broker.Limits{MaxHop: c.delayedHop(), Precision: delayedPrecision, Lookahead: DelayedExchangeLookahead}
 	}
 	return broker.Limits{MaxHop: LadderMaxHop(c.Unit, c.Depth), Precision: c.Unit + max(c.Lead, 0), Lookahead: LadderLookahead}
 }

@@ -12,7 +12,15 @@ import (
 
 func TestLadder_PassesBrokerConformanceSuite(t *testing.T) {
 	b := setup(t)
-	brokertest.TestAdapter(t, brokertest.Harness{
+	brokertest.TestAdapter(t, b.harness(brokertest.Features{
+		MaxHop:    LadderMaxHop(testUnit, testDepth),
+		LateBound: time.Second,
+	}))
+}
+
+// harness runs the conformance suite on the bundle's configuration.
+func (b *bundle) harness(f brokertest.Features) brokertest.Harness {
+	return brokertest.Harness{
 		New: func(t *testing.T, topic string) (broker.Publisher, broker.Subscriber) {
 			return b.clients(t, topic)
 		},
@@ -26,11 +34,8 @@ func TestLadder_PassesBrokerConformanceSuite(t *testing.T) {
 		PublishRawValues: func(t *testing.T, topic string, headers map[string]any, body []byte) error {
 			return b.publishRaw(t, topic, table(headers), body)
 		},
-		Features: brokertest.Features{
-			MaxHop:    LadderMaxHop(testUnit, testDepth),
-			LateBound: time.Second,
-		},
-	})
+		Features: f,
+	}
 }
 
 // table turns the header values brokertest sends into AMQP field values:

@@ -6,24 +6,43 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 )
 
-// The test broker has no rabbitmq_delayed_message_exchange plugin, so only
-// its detection is tested; the delayed-exchange mode itself is untested here.
+// delayedSetup is setup for delayed-exchange mode on the real plugin: it
+// fails under CI=true (skips elsewhere) when the broker has none.
+func delayedSetup(t *testing.T) *bundle {
+	t.Helper()
+	testenv.DelayedPlugin(t)
+	b := setup(t)
+	b.cfg.Mode = ModeDelayedExchange
+	return b
+}
+
+// A broker without the plugin answers "unknown exchange type"; an exchange
+// type no plugin provides gets that answer from the real broker, with or
+// without the plugin installed.
 func TestDelayedExchange_MissingPluginFailsConstructionNamingLadderMode(t *testing.T) {
 	b := setup(t)
 	cfg := b.cfg
 	cfg.Mode = ModeDelayedExchange
+	cfg.delayedType = "x-delayed-message-not-installed"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	present, err := PluginPresent(ctx, cfg)
+	if err != nil || present {
+		t.Errorf("PluginPresent = %v, %v; want false, nil", present, err)
+	}
 	pub, err := NewPublisher(ctx, cfg)
 	if err == nil {
 		_ = pub.Close()
-		// The detection can only be proved on a broker without the plugin,
-		// which is what scripts/services.sh installs.
-		t.Fatal("this broker has the delayed-message plugin; the test needs the one scripts/services.sh installs, without it")
+		t.Fatal("NewPublisher succeeded with an exchange type the broker does not have")
 	}
-	t.Log(err)
 	if !errors.Is(err, ErrPluginMissing) || !strings.Contains(err.Error(), "ladder") || !strings.Contains(err.Error(), "unknown exchange type") {
 		t.Errorf("err = %v, want ErrPluginMissing naming ladder mode and the broker's answer", err)
 	}
@@ -34,6 +53,98 @@ func TestDelayedExchange_MissingPluginFailsConstructionNamingLadderMode(t *testi
 	defer sub.Close()
 	if _, err := sub.Subscribe(ctx, "delayed"); !errors.Is(err, ErrPluginMissing) {
 		t.Errorf("Subscribe err = %v, want ErrPluginMissing", err)
+	}
+}
+
+func TestDelayedExchange_PluginPresentOnTheTestBroker(t *testing.T) {
+	b := delayedSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	present, err := PluginPresent(ctx, b.cfg)
+	if err != nil || !present {
+		t.Fatalf("PluginPresent = %v, %v; want true on a broker with the plugin", present, err)
+	}
+	pub, err := NewPublisher(ctx, b.cfg)
+	if err != nil {
+		t.Fatalf("NewPublisher in delayed-exchange mode: %v", err)
+	}
+	_ = pub.Close()
+}
+
+// The suite runs on the real plugin with the hop limit cut to 2s, so its
+// long-delay case chains several plugin hops.
+func TestDelayedExchange_PassesBrokerConformanceSuite(t *testing.T) {
+	b := delayedSetup(t)
+	b.cfg.delayedMaxHop = 2 * time.Second
+	brokertest.TestAdapter(t, b.harness(brokertest.Features{MaxHop: 2 * time.Second, LateBound: time.Second}))
+}
+
+// The plugin delivers at once an x-delay past 2^32 − 1 ms; the Publisher
+// never sends one, so a task due in 60 days waits in the plugin (its first
+// hop is the full 2^32 − 1 ms) instead of arriving now.
+func TestDelayedExchange_DelayPastThePluginLimitHopsInsteadOfArrivingAtOnce(t *testing.T) {
+	b := delayedSetup(t)
+	topic := brokertest.Topic(t)
+	b.topic(topic)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pub, err := NewPublisher(ctx, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if got := pub.Limits().MaxHop; got != MaxDelayedExchangeHop {
+		t.Fatalf("Limits().MaxHop = %v, want the plugin's 2^32-1 ms", got)
+	}
+	now := time.Now()
+	msgs := []*broker.Message{
+		{Topic: topic, Key: "far", DeliverAt: broker.MillisUTC(now.Add(60 * 24 * time.Hour)), Payload: []byte("far")},
+		{Topic: topic, Key: "near", DeliverAt: broker.MillisUTC(now.Add(1500 * time.Millisecond)), Payload: []byte("near")},
+	}
+	if err := pub.Publish(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	// What the plugin does with one millisecond more than its limit.
+	ch := b.channel(t)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm(topology{cfg: b.cfg}.delayedExchange(), topic, false, false, amqp.Publishing{
+		Headers: amqp.Table{"x-delay": int64(MaxDelayedExchangeHop/time.Millisecond) + 1}, Body: []byte("over")})
+	if err != nil || !dc.Wait() {
+		t.Fatalf("raw publish past the limit: %v", err)
+	}
+	deliveries, err := ch.Consume(topology{cfg: b.cfg}.topicQueue(topic), "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]time.Time{}
+	for timeout := time.After(10 * time.Second); got["near"].IsZero(); {
+		select {
+		case d := <-deliveries:
+			got[string(d.Body)] = time.Now()
+		case <-timeout:
+			t.Fatalf("the 1.5s message did not arrive in 10s; arrived: %v", got)
+		}
+	}
+	// One more second for anything that would follow it.
+	for timeout := time.After(time.Second); ; {
+		select {
+		case d := <-deliveries:
+			got[string(d.Body)] = time.Now()
+			continue
+		case <-timeout:
+		}
+		break
+	}
+	if got["over"].IsZero() || got["over"].After(now.Add(time.Second)) {
+		t.Errorf("a raw x-delay of 2^32 ms arrived at %v after publishing, want at once (the plugin's limit, which the hops work around)", got["over"].Sub(now))
+	}
+	if !got["far"].IsZero() {
+		t.Errorf("the message due in 60 days arrived after %v", got["far"].Sub(now))
+	}
+	if early := msgs[1].DeliverAt.Sub(got["near"]); early > 0 {
+		t.Errorf("the 1.5s message arrived %v early", early)
 	}
 }
 

@@ -22,9 +22,17 @@ type Config struct {
 	// of at most MaxHop, which ops set to the broker's timerMaxDelaySec, and
 	// Precision is the broker's timerPrecisionMs. With Levels it sends
 	// RocketMQ 4.x delay levels (the DELAY property), which must equal the
-	// broker's messageDelayLevel list. Default TimerLimits(259200s, 1s), the
-	// broker's own defaults.
+	// broker's messageDelayLevel list. NewPublisher reads the brokers' own
+	// settings (ReadBrokerLimits) and uses them for what is unset here: zero
+	// Limits become the brokers' timer limits, or their levels when their
+	// timer wheel is off; a zero MaxHop or Precision in timer mode becomes
+	// theirs. Limits the brokers cannot keep are refused with
+	// ErrLimitsExceedBroker, naming both values.
 	Limits broker.Limits
+	// TrustLimits skips reading the brokers' settings: Limits are used as
+	// given, and zero Limits mean TimerLimits(259200s, 1s), the broker's
+	// defaults. For clients not allowed the admin request GET_BROKER_CONFIG.
+	TrustLimits bool
 	// ProducerGroup names the producer group. Default "delaybridge-producer".
 	ProducerGroup string
 	// GroupPrefix starts every consumer group name: a subscription to topic

@@ -5,8 +5,10 @@
 //
 // Config.Limits selects the mode. Without Levels (TimerLimits) every hop is a
 // timer message carrying TIMER_DELAY_MS, a delay relative to the broker's
-// receipt, of at most MaxHop; ops set MaxHop to the broker's
-// timerMaxDelaySec and Precision to its timerPrecisionMs. A longer delay is
+// receipt, of at most MaxHop. NewPublisher reads the brokers'
+// timerMaxDelaySec, timerPrecisionMs and messageDelayLevel (ReadBrokerLimits)
+// and uses them where Limits leave a value unset, and refuses limits the
+// brokers cannot keep (ErrLimitsExceedBroker). A longer delay is
 // chained through several hops by the runtime. A hop the broker refuses as
 // too long (code 13, when MaxHop exceeds timerMaxDelaySec) fails with a
 // *RejectedError naming both limits. With Levels (LevelLimits) every hop is

@@ -9,13 +9,13 @@ import (
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
-// A RocketMQ 5 broker with timerMaxDelaySec=259200 and timerPrecisionMs=1000
-// (its defaults): a task due in five days takes two hops.
+// A RocketMQ 5 broker: NewPublisher reads its timerMaxDelaySec and
+// timerPrecisionMs, so with the defaults (259200 s, 1000 ms) a task due in
+// five days takes two hops.
 func Example_timerMode() {
 	ctx := context.Background()
 	cfg := rocket.Config{
 		NameServers: []string{"127.0.0.1:9876"},
-		Limits:      rocket.TimerLimits(259200*time.Second, time.Second),
 	}
 	pub, err := rocket.NewPublisher(cfg)
 	if err != nil {

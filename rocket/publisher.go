@@ -84,9 +84,18 @@ const (
 )
 
 // NewPublisher starts a producer on cfg.NameServers. Close it with Close.
+//
+// Unless cfg.TrustLimits, it first reads the brokers' limits (see
+// Config.Limits) and refuses limits they cannot keep.
 func NewPublisher(cfg Config) (*Publisher, error) {
-	cfg, err := cfg.withDefaults()
+	if _, err := cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	cfg, err := resolveLimits(context.Background(), cfg)
 	if err != nil {
+		return nil, err
+	}
+	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
 	installClientLog()

@@ -41,12 +41,21 @@ func TestBroker_RefusesRawTimerDelayBeyondItsMax(t *testing.T) {
 func TestPublisher_HopBeyondBrokerMaxIsRejectedNamingBothLimits(t *testing.T) {
 	e := setup(t)
 	topic := brokertest.Topic(t)
-	// Misconfigured: MaxHop above the broker's timerMaxDelaySec.
-	pub, _ := e.clients(t, topic, rocket.TimerLimits(2*time.Hour, localPrecision))
+	// Misconfigured: MaxHop above the broker's timerMaxDelaySec, and not
+	// checked at start (TrustLimits), as when the broker's setting was
+	// lowered after the publisher started.
+	e.topic(t, topic)
+	cfg := e.config(rocket.TimerLimits(2*time.Hour, localPrecision))
+	cfg.TrustLimits = true
+	pub, err := rocket.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
 	m := &broker.Message{Topic: topic, Key: "too-far", DeliverAt: broker.MillisUTC(time.Now().Add(90 * time.Minute))}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := broker.PublishResults(pub.Publish(ctx, m), 1)[0]
+	err = broker.PublishResults(pub.Publish(ctx, m), 1)[0]
 	if !errors.Is(err, broker.ErrRejected) {
 		t.Fatalf("Publish = %v, want an error matching broker.ErrRejected", err)
 	}

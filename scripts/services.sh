@@ -41,6 +41,9 @@ TLS_DIR="$ROOT/.services/tls"
 MARIADB_TLS=/etc/mysql/delaybridge-tls
 RABBIT_TLS=/etc/rabbitmq/delaybridge-tls
 START_TIMEOUT="${DELAYBRIDGE_START_TIMEOUT:-120}"
+# Where the rabbitmq_delayed_message_exchange .ez for this RabbitMQ lives (see
+# rabbit_delayed_plugin); a checkout beside the project's shared folder finds it.
+RABBIT_PLUGINS="${DELAYBRIDGE_RABBITMQ_PLUGINS_DIR:-$ROOT/../shared/rabbitmq-plugins}"
 
 MYSQL_DSN='delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge?parseTime=true&multiStatements=true'
 AMQP_URL='amqp://delaybridge:delaybridge@127.0.0.1:5672/'
@@ -304,7 +307,33 @@ rabbit_up() {
 	local prefetch
 	prefetch=$(rabbitmqctl -q eval 'application:get_env(rabbit, dead_letter_worker_consumer_prefetch).')
 	log "RabbitMQ $(rabbitmqctl -q eval 'rabbit_misc:version().' | tr -d '"'), dead_letter_worker_consumer_prefetch $prefetch"
+	rabbit_delayed_plugin
 	timing "setup rabbitmq" "$(elapsed "$t0")"
+}
+
+# rabbit_delayed_plugin installs the delayed-message exchange plugin from
+# $RABBIT_PLUGINS into the node's plugins directory and enables it online (no
+# restart). Without that folder it says how to get the plugin and goes on:
+# ladder mode needs none, and only the delayed-exchange tests then fail.
+rabbit_delayed_plugin() {
+	local ez plugins
+	ez=$(find "$RABBIT_PLUGINS" -maxdepth 1 -name 'rabbitmq_delayed_message_exchange-*.ez' 2>/dev/null | sort | tail -n1 || true)
+	if [[ -z "$ez" ]]; then
+		log "no rabbitmq_delayed_message_exchange-*.ez in $RABBIT_PLUGINS: delayed-exchange mode and its tests need it."
+		log "  Get the release built for RabbitMQ $(rabbitmqctl -q eval 'rabbit_misc:version().' | tr -d '"' | cut -d. -f1,2).x from"
+		log "  https://github.com/rabbitmq/rabbitmq-delayed-message-exchange/releases into that folder"
+		log "  (or set DELAYBRIDGE_RABBITMQ_PLUGINS_DIR to where it is) and run scripts/services.sh up again."
+		return 0
+	fi
+	plugins=$(find /usr/lib/rabbitmq/lib -maxdepth 2 -type d -name plugins -path '*rabbitmq_server-*' | sort | tail -n1)
+	[[ -n "$plugins" ]] || die "RabbitMQ's plugins directory not found under /usr/lib/rabbitmq/lib"
+	if ! install_file "$ez" "$plugins/$(basename "$ez")" &&
+		rabbitmq-plugins -q is_enabled rabbitmq_delayed_message_exchange >/dev/null 2>&1; then
+		return 0
+	fi
+	rabbitmq-plugins -q enable rabbitmq_delayed_message_exchange >/dev/null ||
+		die "rabbitmq-plugins enable rabbitmq_delayed_message_exchange failed (is $(basename "$ez") built for this RabbitMQ?)"
+	log "RabbitMQ: rabbitmq_delayed_message_exchange enabled from $ez"
 }
 
 rabbit_down() {

@@ -62,8 +62,8 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&b.rabbitPrefetch, "rabbit-prefetch", rabbit.DefaultPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + 200ms)")
 	fs.StringVar(&b.namesrv, "rocketmq-namesrv", "127.0.0.1:9876", "RocketMQ name servers, comma separated host:port")
 	fs.StringVar(&b.rocketMode, "rocketmq-mode", "timer", "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
-	fs.DurationVar(&b.rocketMax, "rocketmq-max-delay", 72*time.Hour, "longest timer hop: set it to the broker's timerMaxDelaySec (timer mode), or the highest level to use (levels mode, 0 = all)")
-	fs.DurationVar(&b.rocketPrec, "rocketmq-precision", time.Second, "the broker's timerPrecisionMs (timer mode)")
+	fs.DurationVar(&b.rocketMax, "rocketmq-max-delay", 0, "longest timer hop (timer mode; 0 = the brokers' timerMaxDelaySec, read at start; more than theirs is refused), or the highest level to use (levels mode, 0 = all)")
+	fs.DurationVar(&b.rocketPrec, "rocketmq-precision", 0, "timer precision (timer mode; 0 = the brokers' timerPrecisionMs, read at start; finer than theirs is refused)")
 	fs.StringVar(&b.rocketLvls, "rocketmq-levels", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "the broker's messageDelayLevel list (levels mode)")
 	fs.StringVar(&b.rocketGroup, "rocketmq-group-prefix", rocket.DefaultGroupPrefix, "prefix of RocketMQ consumer group names")
 	fs.StringVar(&b.rocketAddr, "rocketmq-broker-addr", "127.0.0.1:10911", "RocketMQ broker address where demo and bench create their topics")
@@ -174,8 +174,8 @@ func (b *brokerFlags) rocketConfig(a *app) (rocket.Config, error) {
 	}
 	switch b.rocketMode {
 	case "timer":
-		if b.rocketMax <= 0 {
-			return cfg, fmt.Errorf("--rocketmq-max-delay must be positive in timer mode")
+		if b.rocketMax < 0 || b.rocketPrec < 0 {
+			return cfg, fmt.Errorf("--rocketmq-max-delay and --rocketmq-precision must not be negative (0 = the broker's)")
 		}
 		cfg.Limits = rocket.TimerLimits(b.rocketMax, b.rocketPrec)
 	case "levels":

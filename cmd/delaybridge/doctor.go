@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,9 +56,13 @@ func newDoctorCmd(a *app) *cobra.Command {
 the database version supports SKIP LOCKED, the outbox schema is migrated, and
 its clock agrees with this host; for RabbitMQ, the server version, quorum
 queues with at-least-once dead-lettering, whether the delayed-message plugin
-is present, and whether the ladder topology of --rabbit-prefix is in place
-with the configured depth; for RocketMQ, that timer messages are on, that the
-broker accepts a hop of --rocketmq-max-delay and refuses one just past it
+is present (and, in delayed-exchange mode, what it does not promise), and
+whether the ladder topology of --rabbit-prefix is in place
+with the configured depth; for RocketMQ, the brokers' timerWheelEnable,
+timerMaxDelaySec, timerPrecisionMs and messageDelayLevel (read through the admin
+API, as run reads them) against --rocketmq-max-delay, --rocketmq-precision and
+--rocketmq-levels, that the broker accepts a hop of the max hop and refuses one
+just past it
 (probes that stay in the broker's timer store until then, on the topic
 delaybridge-doctor), and the measured delivery precision of a short probe.
 Every line starts with OK, WARN or FAIL; the exit code is 1 when any check
@@ -97,16 +102,15 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		return
 	}
 	defer db.Close()
-	var version string
-	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	d, err := outbox.InspectDatabase(ctx, db)
+	if err != nil {
 		r.fail("database: %v", err)
 		return
 	}
 	checkDatabaseTransport(ctx, a, db, r)
-	if skipLockedSupported(version) {
-		r.ok("database %s supports FOR UPDATE SKIP LOCKED", version)
-	} else {
-		r.fail("database %s lacks FOR UPDATE SKIP LOCKED: use MySQL 8.0.1+ or MariaDB 10.6+", version)
+	unsafe := d.Check()
+	if unsafe != nil {
+		r.fail("database: %v", unsafe)
 	}
 	var applied sql.NullInt64
 	migs, merr := outbox.Migrations()
@@ -119,6 +123,14 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		r.fail("outbox schema at version %d, this binary needs %d: run delaybridge migrate", applied.Int64, migs[len(migs)-1].Version)
 	default:
 		r.ok("outbox schema at version %d", applied.Int64)
+		if unsafe != nil {
+			break
+		}
+		if err := outbox.ProbeSkipLocked(ctx, db); err != nil {
+			r.fail("database %s: %v", d, err)
+		} else {
+			r.ok("database %s: FOR UPDATE SKIP LOCKED skips a row another connection holds (probed)%s", d, binlogNote(d))
+		}
 	}
 	before := time.Now()
 	var dbMS int64
@@ -170,19 +182,12 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// skipLockedSupported reads a VERSION() string.
-func skipLockedSupported(v string) bool {
-	maria := strings.Contains(strings.ToLower(v), "mariadb")
-	parts := strings.SplitN(strings.SplitN(v, "-", 2)[0], ".", 3)
-	if len(parts) < 2 {
-		return false
+// binlogNote says what doctor found about the binary log.
+func binlogNote(d outbox.Database) string {
+	if !d.BinlogOn {
+		return "; binary log off"
 	}
-	major, _ := strconv.Atoi(parts[0])
-	minor, _ := strconv.Atoi(parts[1])
-	if maria {
-		return major > 10 || (major == 10 && minor >= 6)
-	}
-	return major >= 8
+	return "; binary log format " + d.BinlogFormat
 }
 
 func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
@@ -222,20 +227,7 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		}
 		_ = ch.Close()
 	}
-	if ch, err := conn.Channel(); err == nil {
-		x := probeQ + ".x"
-		err := ch.ExchangeDeclare(x, "x-delayed-message", false, true, false, false, amqp.Table{"x-delayed-type": "direct"})
-		switch {
-		case err == nil:
-			_ = ch.ExchangeDelete(x, false, false)
-			_ = ch.Close()
-			r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
-		case bf.rabbitMode == "delayed-exchange":
-			r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
-		default:
-			r.ok("delayed-message plugin absent (not needed in ladder mode)")
-		}
-	}
+	checkRabbitPlugin(ctx, bf, cfg, r)
 	if bf.rabbitMode != "ladder" {
 		return
 	}
@@ -287,6 +279,9 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		r.fail("rocket: %v", err)
 		return
 	}
+	if !checkRocketLimits(ctx, bf, &cfg, r) {
+		return
+	}
 	if err := func() error {
 		pub, err := rocket.NewPublisher(cfg)
 		if err != nil {
@@ -301,10 +296,10 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		return
 	}
 	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)
-	if bf.rocketMode == "timer" {
+	if maxHop := cfg.Limits.MaxHop; len(cfg.Limits.Levels) == 0 {
 		// A probe publisher whose own limit never cuts the probe's delay.
 		pcfg := cfg
-		pcfg.Limits = rocket.TimerLimits(bf.rocketMax+time.Hour, bf.rocketPrec)
+		pcfg.Limits = rocket.TimerLimits(maxHop+time.Hour, cfg.Limits.Precision)
 		pub, err := rocket.NewPublisher(pcfg)
 		if err != nil {
 			r.fail("rocket publisher: %v", err)
@@ -317,20 +312,20 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 			defer cancel()
 			return broker.PublishResults(pub.Publish(sctx, m), 1)[0]
 		}
-		if err := send(bf.rocketMax); err != nil {
+		if err := send(maxHop); err != nil {
 			var re *rocket.RejectedError
 			if errors.As(err, &re) && re.BrokerMaxDelay > 0 {
-				r.fail("the broker refuses a hop of --rocketmq-max-delay %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", bf.rocketMax, re.BrokerMaxDelay)
+				r.fail("the broker refuses a hop of the max hop %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", maxHop, re.BrokerMaxDelay)
 			} else {
-				r.fail("a timer probe of %v failed: %v", bf.rocketMax, err)
+				r.fail("a timer probe of %v failed: %v", maxHop, err)
 			}
 		} else {
-			r.ok("the broker accepts a timer hop of --rocketmq-max-delay %v", bf.rocketMax)
-			past := bf.rocketMax + time.Minute
+			r.ok("the broker accepts a timer hop of the max hop %v", maxHop)
+			past := maxHop + time.Minute
 			if err := send(past); err == nil {
-				r.warn("the broker also accepts %v: its timerMaxDelaySec is above --rocketmq-max-delay %v; raise the flag to save hops", past, bf.rocketMax)
+				r.warn("the broker also accepts %v: its timerMaxDelaySec is above max hop %v; raise --rocketmq-max-delay (or leave it unset) to save hops", past, maxHop)
 			} else if errors.Is(err, broker.ErrRejected) {
-				r.ok("the broker refuses %v: --rocketmq-max-delay matches its timerMaxDelaySec", past)
+				r.ok("the broker refuses %v: the max hop matches its timerMaxDelaySec", past)
 			} else {
 				r.warn("probe past the limit failed without a rejection: %v", err)
 			}
@@ -395,4 +390,67 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 			return
 		}
 	}
+}
+
+// checkRabbitPlugin reports whether the delayed-message plugin is there and,
+// in delayed-exchange mode, what it does not promise.
+func checkRabbitPlugin(ctx context.Context, bf *brokerFlags, cfg rabbit.Config, r *report) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	present, err := rabbit.PluginPresent(cctx, cfg)
+	delayed := bf.rabbitMode == "delayed-exchange"
+	switch {
+	case err != nil:
+		r.fail("cannot tell whether the delayed-message plugin is present: %v", scrub(err, bf.amqpURL))
+		return
+	case !present && delayed:
+		r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
+		return
+	case !present:
+		r.ok("delayed-message plugin absent (not needed in ladder mode)")
+		return
+	case !delayed:
+		r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
+		return
+	}
+	r.ok("delayed-message plugin present: delayed-exchange mode works; one hop is at most %v, longer delays hop", rabbit.MaxDelayedExchangeHop)
+	r.warn("delayed-exchange mode: the plugin keeps waiting messages in a Mnesia table on one node, not replicated; a lost node loses them and the scanner publishes them again after --grace (the ladder's quorum queues are replicated)")
+	r.warn("delayed-exchange mode: the plugin routes a message only when it is due, so publishing cannot ask for mandatory returns; a message whose topic queue is gone is dropped silently and only the scanner notices")
+	r.warn("delayed-exchange mode: upstream calls the plugin unmaintained and meant for delays of a day or two, not for hundreds of thousands of waiting messages; the ladder (--rabbit-mode ladder) has none of these limits")
+}
+
+// checkRocketLimits reads the brokers' delay settings through the admin
+// API, reports them, and resolves the configured limits against them as
+// run does: unset ones become the brokers', ones they cannot keep fail. On
+// success cfg holds the resolved limits, trusted from then on.
+func checkRocketLimits(ctx context.Context, bf *brokerFlags, cfg *rocket.Config, r *report) bool {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	live, err := rocket.ReadBrokerLimits(cctx, *cfg)
+	if err != nil {
+		r.fail("RocketMQ at %s: cannot read the brokers' delay settings: %v", bf.namesrv, scrub(err, bf.rocketSK))
+		return false
+	}
+	names := make([]string, 0, len(live.Brokers))
+	for name, addr := range live.Brokers {
+		names = append(names, name+" "+addr)
+	}
+	slices.Sort(names)
+	r.ok("RocketMQ brokers %s: timerWheelEnable=%v, timerMaxDelaySec %v, timerPrecisionMs %v, messageDelayLevel %v",
+		strings.Join(names, ", "), live.TimerWheel, live.TimerMaxDelay, live.TimerPrecision, live.Levels)
+	for name, why := range live.Unanswered {
+		r.warn("RocketMQ broker %s did not answer (its limits are assumed to be the others'): %v", name, why)
+	}
+	resolved, err := live.Resolve(cfg.Limits)
+	if err != nil {
+		r.fail("%v", err)
+		return false
+	}
+	if len(resolved.Levels) > 0 {
+		r.ok("delay levels: %v, the brokers' own", resolved.Levels)
+	} else {
+		r.ok("timer limits: max hop %v (--rocketmq-max-delay %v), precision %v (--rocketmq-precision %v); 0 means the brokers'", resolved.MaxHop, bf.rocketMax, resolved.Precision, bf.rocketPrec)
+	}
+	cfg.Limits, cfg.TrustLimits = resolved, true
+	return true
 }

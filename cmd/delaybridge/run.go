@@ -68,6 +68,9 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer db.Close()
+			if _, err := outbox.CheckDatabase(ctx, db); err != nil {
+				return err
+			}
 			cl, err := bf.open(ctx, a, false)
 			if err != nil {
 				return err
@@ -103,7 +106,7 @@ back (up to --drain) and exits 0.`,
 			}
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.kind, "mode", bf.mode(), "http", ln.Addr().String(),
-				"limits_max_hop", cl.pub.Limits().MaxHop, "database", redactDSN(a.mysqlDSN))
+				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.kind, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup

@@ -211,11 +211,11 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 		t.Fatalf("doctor rabbit:\n%s", out)
 	}
 	out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, append(rocketFlags(t), "--rocketmq-max-delay", "2h")...)...)
-	if err == nil || !strings.Contains(out, "FAIL  the broker refuses a hop of --rocketmq-max-delay 2h0m0s: its timerMaxDelaySec is 1h0m0s") {
+	if err == nil || !strings.Contains(out, "FAIL  rocket: configured limits exceed the broker's: configured max hop 2h0m0s, the broker's timerMaxDelaySec is 1h0m0s") {
 		t.Fatalf("doctor with a limit above the broker's: err %v\n%s", err, out)
 	}
 	out = mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, rocketFlags(t)...)...)
-	if !strings.Contains(out, "OK    the broker refuses 1h1m0s") || !strings.Contains(out, "probe arrived") {
+	if !strings.Contains(out, "OK    the broker refuses 1h1m0s") || !strings.Contains(out, "probe arrived") || !strings.Contains(out, "timerMaxDelaySec 1h0m0s, timerPrecisionMs 100ms") {
 		t.Fatalf("doctor rocket:\n%s", out)
 	}
 	// An unmigrated database fails the schema check.
