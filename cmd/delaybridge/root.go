@@ -125,6 +125,12 @@ func (a *app) mysqlConfig() (*mysql.Config, error) {
 	if !strings.Contains(a.mysqlDSN, "parseTime=") {
 		cfg.ParseTime = true
 	}
+	if !strings.Contains(a.mysqlDSN, "interpolateParams=") && interpolationSafe(cfg.Collation) {
+		// Arguments sent inside the statement: one round trip per statement
+		// instead of three (prepare, execute, close). On the 2-core test box
+		// that was most of the relay's and the consumer's database time.
+		cfg.InterpolateParams = true
+	}
 	if tc != nil {
 		if cfg.TLSConfig != "" {
 			return nil, fmt.Errorf("--mysql-tls-* flags and tls=%s in --mysql-dsn: use one", cfg.TLSConfig)
@@ -132,6 +138,18 @@ func (a *app) mysqlConfig() (*mysql.Config, error) {
 		cfg.TLS = tc
 	}
 	return cfg, nil
+}
+
+// interpolationSafe reports whether the driver may put arguments into the
+// statement text under collation: not for the multi-byte character sets
+// where a backslash can be the second byte of a character.
+func interpolationSafe(collation string) bool {
+	for _, unsafe := range []string{"big5", "gbk", "gb2312", "gb18030", "sjis", "cp932"} {
+		if strings.HasPrefix(strings.ToLower(collation), unsafe) {
+			return false
+		}
+	}
+	return true
 }
 
 // notConfigured is the error for a missing required secret setting: it
