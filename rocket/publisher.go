@@ -84,7 +84,13 @@ const (
 )
 
 // NewPublisher starts a producer on cfg.NameServers. Close it with Close.
-func NewPublisher(cfg Config) (*Publisher, error) {
+// It takes a context like rabbit.NewPublisher, so callers treat both
+// adapters alike: a done ctx is refused before anything starts. The
+// producer itself connects lazily, on the first send.
+func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("rocket: new producer: %w", err)
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err

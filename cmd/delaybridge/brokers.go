@@ -269,7 +269,7 @@ func (b *brokerFlags) openAdapter(ctx context.Context, a *app, withSub bool) (*c
 		if err != nil {
 			return nil, err
 		}
-		pub, err := rocket.NewPublisher(cfg)
+		pub, err := rocket.NewPublisher(ctx, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("rocket %s: %w", b.namesrv, scrub(err, b.rocketSK))
 		}

@@ -288,7 +288,7 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		return
 	}
 	if err := func() error {
-		pub, err := rocket.NewPublisher(cfg)
+		pub, err := rocket.NewPublisher(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -305,7 +305,7 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		// A probe publisher whose own limit never cuts the probe's delay.
 		pcfg := cfg
 		pcfg.Limits = rocket.TimerLimits(bf.rocketMax+time.Hour, bf.rocketPrec)
-		pub, err := rocket.NewPublisher(pcfg)
+		pub, err := rocket.NewPublisher(ctx, pcfg)
 		if err != nil {
 			r.fail("rocket publisher: %v", err)
 			return
@@ -343,7 +343,7 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 // measurePrecision sends one probe due after probe and reports how late it
 // arrives; a probe that arrives at once means timers are off.
 func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.Config, r *report, probe time.Duration) {
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(ctx, cfg)
 	if err != nil {
 		r.fail("rocket publisher: %v", err)
 		return

@@ -63,7 +63,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 		call func(ctx context.Context, cfg rocket.Config) error
 	}{
 		{"producer", func(ctx context.Context, cfg rocket.Config) error {
-			pub, err := rocket.NewPublisher(cfg)
+			pub, err := rocket.NewPublisher(ctx, cfg)
 			if err != nil {
 				return err
 			}
@@ -115,7 +115,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	go func() {
-		pub, err := rocket.NewPublisher(rocket.Config{NameServers: []string{ln.Addr().String()}, SendTimeout: time.Second})
+		pub, err := rocket.NewPublisher(ctx, rocket.Config{NameServers: []string{ln.Addr().String()}, SendTimeout: time.Second})
 		if err != nil {
 			return
 		}
