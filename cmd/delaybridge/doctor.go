@@ -70,13 +70,13 @@ failed.`,
 				r.warn("%s", w)
 			}
 			checkDatabase(ctx, a, r)
-			switch bf.kind {
+			switch bf.Broker {
 			case "rabbit":
 				checkRabbit(ctx, a, &bf, r)
 			case "rocket":
 				checkRocket(ctx, a, &bf, r, probe)
 			default:
-				r.fail("--broker %q: want rabbit or rocket", bf.kind)
+				r.fail("--broker %q: want rabbit or rocket", bf.Broker)
 			}
 			fmt.Fprintf(a.stdout, "%d failed, %d warnings\n", r.failed, r.warned)
 			if r.failed > 0 {
@@ -191,16 +191,16 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		r.fail("rabbit: %v", err)
 		return
 	}
-	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
+	conn, err := amqp.DialConfig(bf.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
 		TLSClientConfig: cfg.TLS.Clone()})
 	if err != nil {
-		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.amqpURL), scrub(err, bf.amqpURL))
+		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.AMQPURL), scrub(err, bf.AMQPURL))
 		return
 	}
 	defer conn.Close()
 	if st := conn.ConnectionState(); st.HandshakeComplete {
 		r.ok("RabbitMQ connection uses %s", tls.VersionName(st.Version))
-	} else if u, err := url.Parse(bf.amqpURL); err == nil && !isLoopback(u.Hostname()) {
+	} else if u, err := url.Parse(bf.AMQPURL); err == nil && !isLoopback(u.Hostname()) {
 		r.warn("RabbitMQ connection to %s is not encrypted: use an amqps:// URL (see SECURITY.md)", u.Host)
 	}
 	version, _ := conn.Properties["version"].(string)
@@ -230,17 +230,17 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 			_ = ch.ExchangeDelete(x, false, false)
 			_ = ch.Close()
 			r.ok("delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)")
-		case bf.rabbitMode == "delayed-exchange":
+		case bf.RabbitMode == "delayed-exchange":
 			r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
 		default:
 			r.ok("delayed-message plugin absent (not needed in ladder mode)")
 		}
 	}
-	if bf.rabbitMode != "ladder" {
+	if bf.RabbitMode != "ladder" {
 		return
 	}
 	missing := 0
-	for k := 0; k < bf.rabbitDepth; k++ {
+	for k := 0; k < bf.RabbitDepth; k++ {
 		ch, err := conn.Channel()
 		if err != nil {
 			break
@@ -253,20 +253,20 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	}
 	extra := false
 	if ch, err := conn.Channel(); err == nil {
-		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.rabbitDepth), true, false, false, false, nil); err == nil {
+		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.RabbitDepth), true, false, false, false, nil); err == nil {
 			extra = true
 			_ = ch.Close()
 		}
 	}
 	switch {
-	case missing == bf.rabbitDepth:
+	case missing == bf.RabbitDepth:
 		r.warn("no ladder under prefix %q yet: the first publisher declares it", cfg.Prefix)
 	case missing > 0:
-		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.rabbitDepth)
+		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.RabbitDepth)
 	case extra:
-		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.rabbitDepth)
+		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.RabbitDepth)
 	default:
-		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.rabbitDepth, rabbit.LadderMaxHop(bf.rabbitUnit, bf.rabbitDepth))
+		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.RabbitDepth, rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth))
 	}
 	r.ok("clock skew with RabbitMQ: not measurable over AMQP (the ladder's TTLs use the broker's clock only for durations)")
 }
@@ -295,16 +295,16 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		defer pub.Close()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return pub.CreateTopic(cctx, bf.rocketAddr, doctorTopic, 1)
+		return pub.CreateTopic(cctx, bf.RocketBrokerAddr, doctorTopic, 1)
 	}(); err != nil {
-		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.namesrv, scrub(err, bf.rocketSK))
+		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.RocketNameServers, scrub(err, bf.RocketSecretKey))
 		return
 	}
-	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)
-	if bf.rocketMode == "timer" {
+	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.RocketNameServers, doctorTopic, bf.RocketBrokerAddr)
+	if bf.RocketMode == "timer" {
 		// A probe publisher whose own limit never cuts the probe's delay.
 		pcfg := cfg
-		pcfg.Limits = rocket.TimerLimits(bf.rocketMax+time.Hour, bf.rocketPrec)
+		pcfg.Limits = rocket.TimerLimits(bf.RocketMaxDelay+time.Hour, bf.RocketPrecision)
 		pub, err := rocket.NewPublisher(ctx, pcfg)
 		if err != nil {
 			r.fail("rocket publisher: %v", err)
@@ -317,18 +317,18 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 			defer cancel()
 			return broker.PublishResults(pub.Publish(sctx, m), 1)[0]
 		}
-		if err := send(bf.rocketMax); err != nil {
+		if err := send(bf.RocketMaxDelay); err != nil {
 			var re *rocket.RejectedError
 			if errors.As(err, &re) && re.BrokerMaxDelay > 0 {
-				r.fail("the broker refuses a hop of --rocketmq-max-delay %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", bf.rocketMax, re.BrokerMaxDelay)
+				r.fail("the broker refuses a hop of --rocketmq-max-delay %v: its timerMaxDelaySec is %v; lower --rocketmq-max-delay to it", bf.RocketMaxDelay, re.BrokerMaxDelay)
 			} else {
-				r.fail("a timer probe of %v failed: %v", bf.rocketMax, err)
+				r.fail("a timer probe of %v failed: %v", bf.RocketMaxDelay, err)
 			}
 		} else {
-			r.ok("the broker accepts a timer hop of --rocketmq-max-delay %v", bf.rocketMax)
-			past := bf.rocketMax + time.Minute
+			r.ok("the broker accepts a timer hop of --rocketmq-max-delay %v", bf.RocketMaxDelay)
+			past := bf.RocketMaxDelay + time.Minute
 			if err := send(past); err == nil {
-				r.warn("the broker also accepts %v: its timerMaxDelaySec is above --rocketmq-max-delay %v; raise the flag to save hops", past, bf.rocketMax)
+				r.warn("the broker also accepts %v: its timerMaxDelaySec is above --rocketmq-max-delay %v; raise the flag to save hops", past, bf.RocketMaxDelay)
 			} else if errors.Is(err, broker.ErrRejected) {
 				r.ok("the broker refuses %v: --rocketmq-max-delay matches its timerMaxDelaySec", past)
 			} else {
@@ -382,7 +382,7 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 			}
 			got := time.Now()
 			switch lateness := got.Sub(due); {
-			case bf.rocketMode == "timer" && got.Sub(sent) < probe/2:
+			case bf.RocketMode == "timer" && got.Sub(sent) < probe/2:
 				r.fail("a %v timer probe arrived after %v: timer messages are off (timerWheelEnable=true)", probe, got.Sub(sent).Round(time.Millisecond))
 			case lateness < -cfg.Limits.Precision:
 				r.warn("the %v probe arrived %v early (the consumer runtime holds such messages; precision worse than --rocketmq-precision %v)", probe, -lateness, cfg.Limits.Precision)

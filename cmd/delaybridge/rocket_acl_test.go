@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -87,8 +88,8 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 			}
 			defer ln.Close()
 			a := settingsAfter(t, nil)
-			bf := brokerFlags{namesrv: ln.Addr().String(), rocketMode: "timer", rocketMax: time.Hour, rocketPrec: 100 * time.Millisecond,
-				rocketGroup: "acl", rocketAK: accessKey, rocketSK: secretKey}
+			bf := brokerFlags{delaybridge.Config{RocketNameServers: ln.Addr().String(), RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond,
+				RocketGroupPrefix: "acl", RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 			cfg, err := bf.rocketConfig(&a)
 			if err != nil {
 				t.Fatal(err)
@@ -110,7 +111,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	}
 	// The admin client would send CreateTopic unsigned: refused up front.
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{namesrv: "127.0.0.1:1", rocketMode: "timer", rocketMax: time.Hour, rocketPrec: 100 * time.Millisecond, rocketAK: accessKey, rocketSK: secretKey}
+	bf := brokerFlags{delaybridge.Config{RocketNameServers: "127.0.0.1:1", RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond, RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 	cfg, err := bf.rocketConfig(&a)
 	if err != nil {
 		t.Fatal(err)

@@ -93,9 +93,9 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
-			a.log.Info("delaybridge run: started", "broker", bf.kind, "mode", bf.mode(), "http", ln.Addr().String(),
+			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
 				"limits_max_hop", cl.pub.Limits().MaxHop, "database", redactDSN(a.mysqlDSN))
-			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.kind, bf.mode(), ln.Addr())
+			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup
 			work, stopWork := context.WithCancel(context.Background())
@@ -139,7 +139,7 @@ back (up to --drain) and exits 0.`,
 		},
 	}
 	f := cmd.Flags()
-	bf.register(f)
+	bf.registerRelay(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (0 = every pending task at once)")
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
