@@ -9,8 +9,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
+	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // Config is what a Client, and the delaybridge binary, need to reach the
@@ -102,6 +104,20 @@ type Config struct {
 	// Logger receives the adapters' and the consumer's logs. Default
 	// slog.Default().
 	Logger *slog.Logger
+
+	// The fields below have no flag: they tune a Client in code.
+
+	// Consumer tunes the consumer runtime a Client runs for its handlers
+	// (concurrency, retries, group size, hooks). Its zero value is the
+	// runtime's defaults; Logger fills its Logger.
+	Consumer broker.ConsumerConfig
+	// Relay, when not nil, makes a Client also run the relay in its
+	// process with this configuration, for a service that is its own
+	// daemon. Leave it nil where delaybridge run is deployed.
+	Relay *outbox.RelayConfig
+	// Scanner, when not nil, makes a Client also run the scanner in its
+	// process with this configuration (see Relay).
+	Scanner *scanner.Config
 }
 
 // DefaultConfig returns the default of every setting: the values the
