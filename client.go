@@ -187,6 +187,7 @@ func (c *Client) startBackground(conn *Connection) error {
 	if c.cfg.Relay != nil {
 		rc := *c.cfg.Relay
 		rc.Logger = cmp.Or(rc.Logger, c.cfg.Logger)
+		rc.Hooks = outbox.LogProgress(rc.Hooks, rc.Logger, 0)
 		relay, err := outbox.NewRelay(c.db, conn.Publisher, rc)
 		if err != nil {
 			return err

@@ -74,10 +74,11 @@ back (up to --drain) and exits 0.`,
 			if mTopics < 1 {
 				return fmt.Errorf("--metrics-topics must be at least 1, not %d", mTopics)
 			}
+			grace = scanner.Grace(grace, cl.pub.Limits())
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.relayHooks(), a.log, 0), Logger: a.log})
 			if err != nil {
 				return err
 			}
@@ -144,7 +145,7 @@ back (up to --drain) and exits 0.`,
 	f.DurationVar(&lookahead, "lookahead", 0, "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (0 = every pending task at once)")
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
-	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
+	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
