@@ -48,9 +48,6 @@ func (b *brokerFlags) registerRelay(fs *pflag.FlagSet) {
 	})
 }
 
-// keyring parses --signing-keys, nil when unset.
-func (b *brokerFlags) keyring() (broker.Keyring, error) { return b.Keyring() }
-
 // mode names the configured delay mode for reports.
 func (b *brokerFlags) mode() string { return b.Mode() }
 

@@ -110,12 +110,6 @@ func (a *app) dbConfig() delaybridge.Config {
 // delaybridge.Config.MySQLConfig).
 func (a *app) mysqlConfig() (*mysql.Config, error) { return a.dbConfig().MySQLConfig() }
 
-// notConfigured is the error for a missing required secret setting: it
-// names every way to set it.
-func notConfigured(flag, what string) error {
-	return &delaybridge.NotConfiguredError{Setting: flag, What: what}
-}
-
 // useDevDefaults points demo and bench, which exist to try delaybridge on
 // the services scripts/services.sh starts, at those services when no
 // database or RabbitMQ is configured, and says so.

@@ -18,8 +18,6 @@ func registerSecretFiles(fs *pflag.FlagSet) { delaybridge.RegisterSecretFiles(fs
 // set to that file's contents (see delaybridge.ApplySecretFiles).
 func applySecretFiles(cmd *cobra.Command) error { return delaybridge.ApplySecretFiles(cmd.Flags()) }
 
-func isSecretFlag(name string) bool { return delaybridge.IsSecretSetting(name) }
-
 // readSecretFile returns path's contents without the trailing line break
 // (see delaybridge.ReadSecretFile).
 func readSecretFile(path string) (string, error) { return delaybridge.ReadSecretFile(path) }
