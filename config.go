@@ -255,6 +255,7 @@ type NotConfiguredError struct {
 	What string
 }
 
+// Error names the missing setting and every way to set it.
 func (e *NotConfiguredError) Error() string {
 	f := e.Setting
 	return fmt.Sprintf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
