@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 
 // exampleServices points DELAYBRIDGE_MYSQL_DSN at a new scratch database
 // and the broker settings at the local RabbitMQ with a small ladder under
-// its own prefix. cleanup drops the database.
+// a prefix of its own. cleanup drops both.
 func exampleServices() (cleanup func(), err error) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		return nil, fmt.Errorf("-short")
@@ -70,6 +70,7 @@ func exampleServices() (cleanup func(), err error) {
 	}
 	c.Close()
 	name := fmt.Sprintf("delaybridge_ex%d", rand.Uint64()%1_000_000_000_000)
+	prefix := testenv.Name("example")
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		admin.Close()
 		return nil, fmt.Errorf("create scratch database: %w", err)
@@ -84,7 +85,7 @@ func exampleServices() (cleanup func(), err error) {
 		"DELAYBRIDGE_MYSQL_DSN":     cfg.FormatDSN(),
 		"DELAYBRIDGE_BROKER":        "rabbit",
 		"DELAYBRIDGE_AMQP_URL":      testenv.AMQPURL(),
-		"DELAYBRIDGE_RABBIT_PREFIX": "delaybridge-example",
+		"DELAYBRIDGE_RABBIT_PREFIX": prefix,
 		"DELAYBRIDGE_RABBIT_DEPTH":  "8",
 	} {
 		os.Setenv(k, v)
@@ -92,5 +93,8 @@ func exampleServices() (cleanup func(), err error) {
 	return func() {
 		_, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name)
 		admin.Close()
+		if err := testenv.RemoveRabbitPrefix(testenv.AMQPURL(), prefix); err != nil {
+			fmt.Fprintf(os.Stderr, "delaybridge examples: cleanup of RabbitMQ prefix %s: %v\n", prefix, err)
+		}
 	}, nil
 }
