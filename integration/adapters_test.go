@@ -123,7 +123,7 @@ func rocketAdapter(t testing.TB) adapter {
 			ns := strings.Split(testenv.RocketMQ(t), ",")
 			createRocketTopic(t, ns, brokerAddr, topic)
 			cfg := rocket.Config{NameServers: ns, Limits: rocket.TimerLimits(rocketHop, rocketPrec), GroupPrefix: "it"}
-			pub, err := rocket.NewPublisher(cfg)
+			pub, err := rocket.NewPublisher(context.Background(), cfg)
 			if err != nil {
 				t.Fatalf("rocket.NewPublisher: %v", err)
 			}

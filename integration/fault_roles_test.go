@@ -73,7 +73,7 @@ func (c pipelineConfig) open(ctx context.Context) (broker.Publisher, broker.Subs
 		return pub, sub, func() { _ = sub.Close(); _ = pub.Close() }, nil
 	case "rocket":
 		cfg := rocket.Config{NameServers: strings.Split(c.Namesrv, ","), Limits: rocket.TimerLimits(faultRocketHop, faultRocketPrec), GroupPrefix: c.Group}
-		pub, err := rocket.NewPublisher(cfg)
+		pub, err := rocket.NewPublisher(ctx, cfg)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -44,7 +44,7 @@ func rocketBroker(t *testing.T, topic string) (broker.Publisher, broker.Subscrib
 	ns := strings.Split(testenv.RocketMQ(t), ",")
 	addr := testenv.RocketBrokerAddr()
 	cfg := rocket.Config{NameServers: ns, Limits: rocket.TimerLimits(time.Hour, 100*time.Millisecond), GroupPrefix: "ob", Logger: quiet()}
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("rocket.NewPublisher: %v", err)
 	}

@@ -193,6 +193,10 @@ func checkLookahead(cfg RelayConfig, limits broker.Limits) error {
 	return nil
 }
 
+// Lookahead returns the lookahead the relay keeps, after the defaults: zero
+// when it publishes every pending row at once.
+func (r *Relay) Lookahead() time.Duration { return r.cfg.Lookahead }
+
 // Nudge wakes an idle claim loop at once. Producers in the same process call
 // it after committing a Schedule to cut the relay's latency to a round trip.
 func (r *Relay) Nudge() {

@@ -51,7 +51,7 @@ func TestNewPublisher_TakesUnsetLimitsFromTheBroker(t *testing.T) {
 		{"broker's levels", rocket.LevelLimits(rocket.DefaultLevels(), 0), rocket.LevelLimits(rocket.DefaultLevels(), 0)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pub, err := rocket.NewPublisher(e.config(c.set))
+			pub, err := rocket.NewPublisher(context.Background(), e.config(c.set))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestNewPublisher_RefusesLimitsTheBrokerCannotKeepNamingBoth(t *testing.T) {
 		{"other levels", rocket.LevelLimits([]time.Duration{time.Second, 5 * time.Second, 3 * time.Hour}, 0), []string{`configured delay levels "1s 5s 3h"`, `messageDelayLevel is "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pub, err := rocket.NewPublisher(e.config(c.set))
+			pub, err := rocket.NewPublisher(context.Background(), e.config(c.set))
 			if err == nil {
 				_ = pub.Close()
 				t.Fatalf("NewPublisher accepted %+v", c.set)
@@ -93,12 +93,12 @@ func TestNewPublisher_RefusesLimitsTheBrokerCannotKeepNamingBoth(t *testing.T) {
 }
 
 func TestNewPublisher_UnsetLimitsAndNoBrokerToAskIsAnError(t *testing.T) {
-	_, err := rocket.NewPublisher(rocket.Config{NameServers: []string{"127.0.0.1:1"}, SendTimeout: time.Second})
+	_, err := rocket.NewPublisher(context.Background(), rocket.Config{NameServers: []string{"127.0.0.1:1"}, SendTimeout: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "Config.Limits unset and the broker's own cannot be read") {
 		t.Errorf("NewPublisher without limits or a name server = %v", err)
 	}
 	// Set limits go ahead unchecked, with a warning.
-	pub, err := rocket.NewPublisher(rocket.Config{NameServers: []string{"127.0.0.1:1"}, SendTimeout: time.Second, Limits: rocket.TimerLimits(time.Hour, time.Second)})
+	pub, err := rocket.NewPublisher(context.Background(), rocket.Config{NameServers: []string{"127.0.0.1:1"}, SendTimeout: time.Second, Limits: rocket.TimerLimits(time.Hour, time.Second)})
 	if err != nil {
 		t.Fatalf("NewPublisher with limits and no name server: %v", err)
 	}

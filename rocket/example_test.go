@@ -17,7 +17,7 @@ func Example_timerMode() {
 	cfg := rocket.Config{
 		NameServers: []string{"127.0.0.1:9876"},
 	}
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func Example_levelMode() {
 		NameServers: []string{"127.0.0.1:9876"},
 		Limits:      rocket.LevelLimits(rocket.DefaultLevels(), 0),
 	}
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		log.Fatal(err)
 	}

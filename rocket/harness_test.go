@@ -55,7 +55,7 @@ func (e *env) topic(t testing.TB, topic string) {
 // clients returns a publisher and a subscriber for topic, closed at cleanup.
 func (e *env) clients(t testing.TB, topic string, limits broker.Limits) (*rocket.Publisher, *rocket.Subscriber) {
 	t.Helper()
-	pub, err := rocket.NewPublisher(e.config(limits))
+	pub, err := rocket.NewPublisher(context.Background(), e.config(limits))
 	if err != nil {
 		t.Fatalf("NewPublisher: %v", err)
 	}

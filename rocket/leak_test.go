@@ -59,7 +59,7 @@ func TestClose_LeavesNoGoroutineBehind(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 
 	limits := rocket.TimerLimits(2*time.Second, localPrecision)
-	pub, err := rocket.NewPublisher(e.config(limits))
+	pub, err := rocket.NewPublisher(context.Background(), e.config(limits))
 	if err != nil {
 		t.Fatal(err)
 	}

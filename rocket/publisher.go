@@ -86,12 +86,17 @@ const (
 // NewPublisher starts a producer on cfg.NameServers. Close it with Close.
 //
 // Unless cfg.TrustLimits, it first reads the brokers' limits (see
-// Config.Limits) and refuses limits they cannot keep.
-func NewPublisher(cfg Config) (*Publisher, error) {
+// Config.Limits) and refuses limits they cannot keep. It takes a context
+// like rabbit.NewPublisher: it bounds reading the limits, and a done ctx
+// is refused before anything starts.
+func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("rocket: new producer: %w", err)
+	}
 	if _, err := cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	cfg, err := resolveLimits(context.Background(), cfg)
+	cfg, err := resolveLimits(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

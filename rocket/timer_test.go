@@ -47,7 +47,7 @@ func TestPublisher_HopBeyondBrokerMaxIsRejectedNamingBothLimits(t *testing.T) {
 	e.topic(t, topic)
 	cfg := e.config(rocket.TimerLimits(2*time.Hour, localPrecision))
 	cfg.TrustLimits = true
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,8 @@ import (
 // Config configures a Scanner. Every zero value means the default stated.
 type Config struct {
 	// Grace is how long past its due time a published task may stay not
-	// done before it is rescued. Default 10s plus the publisher's precision.
+	// done before it is rescued. Default DefaultGrace plus the publisher's
+	// precision (see Grace).
 	Grace time.Duration
 	// Interval is the pause between passes when the last one found nothing
 	// to rescue. Default 1s.
@@ -104,14 +105,27 @@ type Scanner struct {
 	lastTime time.Time
 }
 
+// DefaultGrace is the grace a zero Config.Grace starts from; delaybridge
+// run --grace has the same default.
+const DefaultGrace = 10 * time.Second
+
+// Grace returns the grace a scanner publishing under limits uses for the
+// configured one: grace itself when positive, else DefaultGrace plus the
+// broker's precision, as a broker may deliver that much after the due time.
+func Grace(grace time.Duration, limits broker.Limits) time.Duration {
+	if grace > 0 {
+		return grace
+	}
+	return DefaultGrace + limits.Precision
+}
+
 // New returns a scanner that re-publishes through pub.
 func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	if db == nil || pub == nil {
 		return nil, errors.New("scanner: New needs a database and a publisher")
 	}
-	if cfg.Grace <= 0 {
-		cfg.Grace = 10*time.Second + pub.Limits().Precision
-	}
+	cfg.Grace = Grace(cfg.Grace, pub.Limits())
+
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}

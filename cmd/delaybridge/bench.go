@@ -188,7 +188,7 @@ applied twice.`,
 
 			run := &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, tasks),
 				handled: make([]atomic.Int64, tasks), runs: make([]atomic.Int32, tasks)}
-			res := benchResult{Broker: bf.kind, Mode: bf.mode(), Tasks: tasks, HandlerMode: handler}
+			res := benchResult{Broker: bf.Broker, Mode: bf.mode(), Tasks: tasks, HandlerMode: handler}
 
 			record := func(m *broker.Message) (int, bool) {
 				i, ok := run.index(m.Key)
@@ -253,7 +253,7 @@ applied twice.`,
 				// The relay then starts from a broker as empty as the
 				// baseline did: RabbitMQ's work per publish grows with what
 				// its quorum queues hold.
-				if bf.kind == "rabbit" {
+				if bf.Broker == "rabbit" {
 					cfg, err := bf.rabbitConfig(a)
 					if err != nil {
 						return err

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/examples/ordertimeout"
+	ordertimeout "github.com/delaybridge/delaybridge/examples/ordertimeout/orders"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -116,7 +116,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			defer bg.Wait()
 			defer stopWork()
 
-			fmt.Fprintf(a.stdout, "demo: %d orders over %v on %s (%s), timeout %v, paying about %.0f%%\n", orders, spread, bf.kind, bf.mode(), timeout, payRatio*100)
+			fmt.Fprintf(a.stdout, "demo: %d orders over %v on %s (%s), timeout %v, paying about %.0f%%\n", orders, spread, bf.Broker, bf.mode(), timeout, payRatio*100)
 			var paid atomic.Int64
 			var pays sync.WaitGroup
 			start := time.Now()
@@ -171,7 +171,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			fmt.Fprintf(a.stdout, "wrongly cancelled (paid, yet cancelled, or its timeout task ran): %d\nleft unpaid past due: %d\ncancelled before due: %d\nstock consistent: %v\n", wrong, r.LeftUnpaid, r.Early, r.StockOK)
 			fmt.Fprintf(a.stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.Lateness.P50, r.Lateness.P99, r.Lateness.Max)
 			if asJSON {
-				out := map[string]any{"broker": bf.kind, "mode": bf.mode(), "orders": r.Orders, "paid": r.Paid, "cancelled": r.Cancelled,
+				out := map[string]any{"broker": bf.Broker, "mode": bf.mode(), "orders": r.Orders, "paid": r.Paid, "cancelled": r.Cancelled,
 					"wrongly_cancelled": wrong, "left_unpaid": r.LeftUnpaid, "early": r.Early, "stock_ok": r.StockOK,
 					"lateness_ms": map[string]int64{"p50": r.Lateness.P50, "p99": r.Lateness.P99, "max": r.Lateness.Max}}
 				b, _ := json.Marshal(out)

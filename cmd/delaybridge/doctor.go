@@ -75,13 +75,13 @@ failed.`,
 				r.warn("%s", w)
 			}
 			checkDatabase(ctx, a, r)
-			switch bf.kind {
+			switch bf.Broker {
 			case "rabbit":
 				checkRabbit(ctx, a, &bf, r)
 			case "rocket":
 				checkRocket(ctx, a, &bf, r, probe)
 			default:
-				r.fail("--broker %q: want rabbit or rocket", bf.kind)
+				r.fail("--broker %q: want rabbit or rocket", bf.Broker)
 			}
 			fmt.Fprintf(a.stdout, "%d failed, %d warnings\n", r.failed, r.warned)
 			if r.failed > 0 {
@@ -196,16 +196,16 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		r.fail("rabbit: %v", err)
 		return
 	}
-	conn, err := amqp.DialConfig(bf.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
+	conn, err := amqp.DialConfig(bf.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
 		TLSClientConfig: cfg.TLS.Clone()})
 	if err != nil {
-		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.amqpURL), scrub(err, bf.amqpURL))
+		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.AMQPURL), scrub(err, bf.AMQPURL))
 		return
 	}
 	defer conn.Close()
 	if st := conn.ConnectionState(); st.HandshakeComplete {
 		r.ok("RabbitMQ connection uses %s", tls.VersionName(st.Version))
-	} else if u, err := url.Parse(bf.amqpURL); err == nil && !isLoopback(u.Hostname()) {
+	} else if u, err := url.Parse(bf.AMQPURL); err == nil && !isLoopback(u.Hostname()) {
 		r.warn("RabbitMQ connection to %s is not encrypted: use an amqps:// URL (see SECURITY.md)", u.Host)
 	}
 	version, _ := conn.Properties["version"].(string)
@@ -228,11 +228,11 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		_ = ch.Close()
 	}
 	checkRabbitPlugin(ctx, bf, cfg, r)
-	if bf.rabbitMode != "ladder" {
+	if bf.RabbitMode != "ladder" {
 		return
 	}
 	missing := 0
-	for k := 0; k < bf.rabbitDepth; k++ {
+	for k := 0; k < bf.RabbitDepth; k++ {
 		ch, err := conn.Channel()
 		if err != nil {
 			break
@@ -245,20 +245,20 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	}
 	extra := false
 	if ch, err := conn.Channel(); err == nil {
-		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.rabbitDepth), true, false, false, false, nil); err == nil {
+		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.RabbitDepth), true, false, false, false, nil); err == nil {
 			extra = true
 			_ = ch.Close()
 		}
 	}
 	switch {
-	case missing == bf.rabbitDepth:
+	case missing == bf.RabbitDepth:
 		r.warn("no ladder under prefix %q yet: the first publisher declares it", cfg.Prefix)
 	case missing > 0:
-		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.rabbitDepth)
+		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.RabbitDepth)
 	case extra:
-		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.rabbitDepth)
+		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.RabbitDepth)
 	default:
-		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.rabbitDepth, rabbit.LadderMaxHop(bf.rabbitUnit, bf.rabbitDepth))
+		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.RabbitDepth, rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth))
 	}
 	r.ok("clock skew with RabbitMQ: not measurable over AMQP (the ladder's TTLs use the broker's clock only for durations)")
 }
@@ -283,24 +283,24 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 		return
 	}
 	if err := func() error {
-		pub, err := rocket.NewPublisher(cfg)
+		pub, err := rocket.NewPublisher(ctx, cfg)
 		if err != nil {
 			return err
 		}
 		defer pub.Close()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return pub.CreateTopic(cctx, bf.rocketAddr, doctorTopic, 1)
+		return pub.CreateTopic(cctx, bf.RocketBrokerAddr, doctorTopic, 1)
 	}(); err != nil {
-		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.namesrv, scrub(err, bf.rocketSK))
+		r.fail("RocketMQ at %s: cannot create the probe topic: %v", bf.RocketNameServers, scrub(err, bf.RocketSecretKey))
 		return
 	}
-	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.namesrv, doctorTopic, bf.rocketAddr)
+	r.ok("RocketMQ name server %s routes topic %s on broker %s", bf.RocketNameServers, doctorTopic, bf.RocketBrokerAddr)
 	if maxHop := cfg.Limits.MaxHop; len(cfg.Limits.Levels) == 0 {
 		// A probe publisher whose own limit never cuts the probe's delay.
 		pcfg := cfg
 		pcfg.Limits = rocket.TimerLimits(maxHop+time.Hour, cfg.Limits.Precision)
-		pub, err := rocket.NewPublisher(pcfg)
+		pub, err := rocket.NewPublisher(ctx, pcfg)
 		if err != nil {
 			r.fail("rocket publisher: %v", err)
 			return
@@ -338,7 +338,7 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 // measurePrecision sends one probe due after probe and reports how late it
 // arrives; a probe that arrives at once means timers are off.
 func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.Config, r *report, probe time.Duration) {
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(ctx, cfg)
 	if err != nil {
 		r.fail("rocket publisher: %v", err)
 		return
@@ -377,7 +377,7 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 			}
 			got := time.Now()
 			switch lateness := got.Sub(due); {
-			case bf.rocketMode == "timer" && got.Sub(sent) < probe/2:
+			case bf.RocketMode == "timer" && got.Sub(sent) < probe/2:
 				r.fail("a %v timer probe arrived after %v: timer messages are off (timerWheelEnable=true)", probe, got.Sub(sent).Round(time.Millisecond))
 			case lateness < -cfg.Limits.Precision:
 				r.warn("the %v probe arrived %v early (the consumer runtime holds such messages; precision worse than --rocketmq-precision %v)", probe, -lateness, cfg.Limits.Precision)
@@ -398,10 +398,10 @@ func checkRabbitPlugin(ctx context.Context, bf *brokerFlags, cfg rabbit.Config, 
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	present, err := rabbit.PluginPresent(cctx, cfg)
-	delayed := bf.rabbitMode == "delayed-exchange"
+	delayed := bf.RabbitMode == "delayed-exchange"
 	switch {
 	case err != nil:
-		r.fail("cannot tell whether the delayed-message plugin is present: %v", scrub(err, bf.amqpURL))
+		r.fail("cannot tell whether the delayed-message plugin is present: %v", scrub(err, bf.AMQPURL))
 		return
 	case !present && delayed:
 		r.fail("delayed-message plugin missing but --rabbit-mode delayed-exchange is set: enable rabbitmq_delayed_message_exchange or use --rabbit-mode ladder")
@@ -428,7 +428,7 @@ func checkRocketLimits(ctx context.Context, bf *brokerFlags, cfg *rocket.Config,
 	defer cancel()
 	live, err := rocket.ReadBrokerLimits(cctx, *cfg)
 	if err != nil {
-		r.fail("RocketMQ at %s: cannot read the brokers' delay settings: %v", bf.namesrv, scrub(err, bf.rocketSK))
+		r.fail("RocketMQ at %s: cannot read the brokers' delay settings: %v", bf.RocketNameServers, scrub(err, bf.RocketSecretKey))
 		return false
 	}
 	names := make([]string, 0, len(live.Brokers))
@@ -449,7 +449,7 @@ func checkRocketLimits(ctx context.Context, bf *brokerFlags, cfg *rocket.Config,
 	if len(resolved.Levels) > 0 {
 		r.ok("delay levels: %v, the brokers' own", resolved.Levels)
 	} else {
-		r.ok("timer limits: max hop %v (--rocketmq-max-delay %v), precision %v (--rocketmq-precision %v); 0 means the brokers'", resolved.MaxHop, bf.rocketMax, resolved.Precision, bf.rocketPrec)
+		r.ok("timer limits: max hop %v (--rocketmq-max-delay %v), precision %v (--rocketmq-precision %v); 0 means the brokers'", resolved.MaxHop, bf.RocketMaxDelay, resolved.Precision, bf.RocketPrecision)
 	}
 	cfg.Limits, cfg.TrustLimits = resolved, true
 	return true

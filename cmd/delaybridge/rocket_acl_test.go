@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -63,7 +64,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 		call func(ctx context.Context, cfg rocket.Config) error
 	}{
 		{"producer", func(ctx context.Context, cfg rocket.Config) error {
-			pub, err := rocket.NewPublisher(cfg)
+			pub, err := rocket.NewPublisher(ctx, cfg)
 			if err != nil {
 				return err
 			}
@@ -87,8 +88,8 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 			}
 			defer ln.Close()
 			a := settingsAfter(t, nil)
-			bf := brokerFlags{namesrv: ln.Addr().String(), rocketMode: "timer", rocketMax: time.Hour, rocketPrec: 100 * time.Millisecond,
-				rocketGroup: "acl", rocketAK: accessKey, rocketSK: secretKey}
+			bf := brokerFlags{delaybridge.Config{RocketNameServers: ln.Addr().String(), RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond,
+				RocketGroupPrefix: "acl", RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 			cfg, err := bf.rocketConfig(&a)
 			if err != nil {
 				t.Fatal(err)
@@ -110,12 +111,12 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	}
 	// The admin client would send CreateTopic unsigned: refused up front.
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{namesrv: "127.0.0.1:1", rocketMode: "timer", rocketMax: time.Hour, rocketPrec: 100 * time.Millisecond, rocketAK: accessKey, rocketSK: secretKey}
+	bf := brokerFlags{delaybridge.Config{RocketNameServers: "127.0.0.1:1", RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond, RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 	cfg, err := bf.rocketConfig(&a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := rocket.NewPublisher(cfg)
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	go func() {
-		pub, err := rocket.NewPublisher(rocket.Config{NameServers: []string{ln.Addr().String()}, SendTimeout: time.Second})
+		pub, err := rocket.NewPublisher(ctx, rocket.Config{NameServers: []string{ln.Addr().String()}, SendTimeout: time.Second})
 		if err != nil {
 			return
 		}

@@ -3,21 +3,18 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
 
@@ -29,7 +26,7 @@ const DefaultMySQLDSN = "delaybridge:delaybridge@tcp(127.0.0.1:3306)/delaybridge
 type app struct {
 	configFile string
 	mysqlDSN   string
-	mysqlTLS   tlsFlags
+	mysqlTLS   delaybridge.TLSFiles
 	logLevel   string
 	log        *slog.Logger
 	stdout     io.Writer
@@ -96,68 +93,22 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
-	pf.StringVar(&a.mysqlDSN, "mysql-dsn", "", "MySQL/MariaDB DSN of the outbox database (go-sql-driver format); required, but demo and bench fall back to the local development database")
+	delaybridge.RegisterDatabaseFlags(pf, &a.mysqlDSN, &a.mysqlTLS)
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	a.mysqlTLS.register(pf, "mysql", "the database")
 	registerSecretFiles(pf)
 
 	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a))
 	return root
 }
 
-// mysqlConfig parses --mysql-dsn and applies the --mysql-tls-* flags.
-// parseTime is on unless the DSN says otherwise.
-// An empty --mysql-dsn is an error, not the driver's defaults: a daemon
-// must not quietly try the development credentials or the driver's
-// root@127.0.0.1 against whatever database answers.
-func (a *app) mysqlConfig() (*mysql.Config, error) {
-	tc, err := a.mysqlTLS.config()
-	if err != nil {
-		return nil, err
-	}
-	if a.mysqlDSN == "" {
-		return nil, notConfigured("mysql-dsn", "no outbox database configured")
-	}
-	cfg, err := mysql.ParseDSN(a.mysqlDSN)
-	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
-	}
-	if !strings.Contains(a.mysqlDSN, "parseTime=") {
-		cfg.ParseTime = true
-	}
-	if !strings.Contains(a.mysqlDSN, "interpolateParams=") && interpolationSafe(cfg.Collation) {
-		// Arguments sent inside the statement: one round trip per statement
-		// instead of three (prepare, execute, close). On the 2-core test box
-		// that was most of the relay's and the consumer's database time.
-		cfg.InterpolateParams = true
-	}
-	if tc != nil {
-		if cfg.TLSConfig != "" {
-			return nil, fmt.Errorf("--mysql-tls-* flags and tls=%s in --mysql-dsn: use one", cfg.TLSConfig)
-		}
-		cfg.TLS = tc
-	}
-	return cfg, nil
+// dbConfig is the database part of the settings.
+func (a *app) dbConfig() delaybridge.Config {
+	return delaybridge.Config{MySQLDSN: a.mysqlDSN, MySQLTLS: a.mysqlTLS}
 }
 
-// interpolationSafe reports whether the driver may put arguments into the
-// statement text under collation: not for the multi-byte character sets
-// where a backslash can be the second byte of a character.
-func interpolationSafe(collation string) bool {
-	for _, unsafe := range []string{"big5", "gbk", "gb2312", "gb18030", "sjis", "cp932"} {
-		if strings.HasPrefix(strings.ToLower(collation), unsafe) {
-			return false
-		}
-	}
-	return true
-}
-
-// notConfigured is the error for a missing required secret setting: it
-// names every way to set it.
-func notConfigured(flag, what string) error {
-	return fmt.Errorf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
-		what, flag, flag, fileSuffix, envName(flag), envName(flag+fileSuffix), flag, fileSuffix)
-}
+// mysqlConfig parses --mysql-dsn and applies the --mysql-tls-* flags (see
+// delaybridge.Config.MySQLConfig).
+func (a *app) mysqlConfig() (*mysql.Config, error) { return a.dbConfig().MySQLConfig() }
 
 // useDevDefaults points demo and bench, which exist to try delaybridge on
 // the services scripts/services.sh starts, at those services when no
@@ -167,32 +118,15 @@ func (a *app) useDevDefaults(bf *brokerFlags) {
 		a.mysqlDSN = DefaultMySQLDSN
 		a.log.Info("delaybridge: no --mysql-dsn set: using the local development database", "database", redactDSN(a.mysqlDSN))
 	}
-	if bf.kind == "rabbit" && bf.amqpURL == "" {
-		bf.amqpURL = DefaultAMQPURL
-		a.log.Info("delaybridge: no --amqp-url set: using the local development RabbitMQ", "amqp", rabbit.RedactURL(bf.amqpURL))
+	if bf.Broker == "rabbit" && bf.AMQPURL == "" {
+		bf.AMQPURL = DefaultAMQPURL
+		a.log.Info("delaybridge: no --amqp-url set: using the local development RabbitMQ", "amqp", rabbit.RedactURL(bf.AMQPURL))
 	}
 }
 
 // openDB opens and pings the outbox database; the password never appears
 // in the error.
-func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
-	cfg, err := a.mysqlConfig()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("database %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
-	}
-	db := sql.OpenDB(conn)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("database %s: %w", redactDSN(a.mysqlDSN), scrub(err, a.mysqlDSN))
-	}
-	return db, nil
-}
+func (a *app) openDB(ctx context.Context) (*sql.DB, error) { return a.dbConfig().OpenDB(ctx) }
 
 // dbRun adapts fn into a RunE that opens the outbox database for it and
 // closes it afterwards.
@@ -207,72 +141,5 @@ func (a *app) dbRun(fn func(ctx context.Context, db *sql.DB, args []string) erro
 	}
 }
 
-// scrub removes from err's message every secret, and the password inside
-// each secret that is a DSN or a URL, in case a driver echoes one. A
-// *url.Error is rewritten first: net/url quotes the whole URL with %q, so a
-// tab, a quote or a backslash anywhere in it escapes the text replacement,
-// and it may quote a piece of a password as a port.
-func scrub(err error, secrets ...string) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		msg = strings.ReplaceAll(msg, ue.Error(), fmt.Sprintf("%s %q: malformed URL", ue.Op, rabbit.RedactURL(ue.URL)))
-	}
-	for _, s := range secretParts(secrets) {
-		msg = strings.ReplaceAll(msg, s, "(redacted)")
-	}
-	if msg == err.Error() {
-		return err
-	}
-	return errors.New(msg)
-}
-
-// secretParts returns secrets and the passwords inside them, each also as
-// %q would print it, longest first so a whole DSN is replaced before its
-// password. A password is taken both from a successful parse and from the
-// text's structure (between "://" and the last '@', after the first ':'),
-// so a DSN or URL that does not parse still has its password found.
-func secretParts(secrets []string) []string {
-	var out []string
-	add := func(s string) {
-		q := strconv.Quote(s)
-		for _, v := range []string{s, q[1 : len(q)-1]} {
-			if v != "" && !slices.Contains(out, v) {
-				out = append(out, v)
-			}
-		}
-	}
-	for _, s := range secrets {
-		add(s)
-		add(structuralPassword(s))
-		if cfg, err := mysql.ParseDSN(s); err == nil {
-			add(cfg.Passwd)
-		}
-		if u, err := url.Parse(s); err == nil && u.User != nil {
-			if p, ok := u.User.Password(); ok {
-				add(p)
-				add(url.QueryEscape(p))
-				add(url.PathEscape(p))
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out
-}
-
-// structuralPassword returns what stands where a DSN's or a URL's password
-// would, without parsing: after the first ':' of the text before the last
-// '@' (and after "://", if any).
-func structuralPassword(s string) string {
-	if _, rest, ok := strings.Cut(s, "://"); ok {
-		s = rest
-	}
-	at := strings.LastIndex(s, "@")
-	if at < 0 {
-		return ""
-	}
-	_, p, _ := strings.Cut(s[:at], ":")
-	return p
-}
+// scrub removes every secret from err's message (see redact.Scrub).
+func scrub(err error, secrets ...string) error { return redact.Scrub(err, secrets...) }

@@ -82,6 +82,7 @@ back (up to --drain) and exits 0.`,
 			if mTopics < 1 {
 				return fmt.Errorf("--metrics-topics must be at least 1, not %d", mTopics)
 			}
+			grace = scanner.Grace(grace, cl.pub.Limits())
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
 			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
@@ -89,7 +90,7 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.relayHooks(), a.log, 0), Logger: a.log})
 			if err != nil {
 				return err
 			}
@@ -105,9 +106,9 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
-			a.log.Info("delaybridge run: started", "broker", bf.kind, "mode", bf.mode(), "http", ln.Addr().String(),
-				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "database", redactDSN(a.mysqlDSN))
-			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.kind, bf.mode(), ln.Addr())
+			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
+				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "database", redactDSN(a.mysqlDSN))
+			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup
 			work, stopWork := context.WithCancel(context.Background())
@@ -151,12 +152,12 @@ back (up to --drain) and exits 0.`,
 		},
 	}
 	f := cmd.Flags()
-	bf.register(f)
+	bf.registerRelay(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
-	f.DurationVar(&grace, "grace", 30*time.Second, "how far past due a published, unfinished task is rescued by the scanner")
+	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
 	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of its time the cleaner spends deleting; it pauses between batches for the rest, so order transactions keep their latency (1 = back to back)")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")

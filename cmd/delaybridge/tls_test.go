@@ -20,6 +20,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -145,9 +146,9 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	f := tlsFiles(t)
 	testenv.AMQP(t)
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{amqpURL: f.amqpsURL, rabbitMode: "ladder", rabbitPref: testenv.Name("tls"), rabbitUnit: rabbit.DefaultUnit, rabbitDepth: 4, rabbitPrefetch: rabbit.DefaultPrefetch,
-		amqpTLS: tlsFlags{name: "amqp", ca: f.ca, cert: f.cert, key: f.key}}
-	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, testenv.AMQP(t), bf.rabbitPref) })
+	bf := brokerFlags{delaybridge.Config{AMQPURL: f.amqpsURL, RabbitMode: "ladder", RabbitPrefix: testenv.Name("tls"), RabbitUnit: rabbit.DefaultUnit, RabbitDepth: 4, RabbitPrefetch: rabbit.DefaultPrefetch,
+		AMQPTLS: delaybridge.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key}}}
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, testenv.AMQP(t), bf.RabbitPrefix) })
 	cfg, err := bf.rabbitConfig(&a)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func FuzzParseConfigFile(f *testing.F) {
 			return
 		}
 		for k := range m {
-			if !validSettingName(k) {
+			if !regexp.MustCompile(`^[a-z][a-z0-9_-]*$`).MatchString(k) {
 				t.Fatalf("accepted bad name %q", k)
 			}
 		}

@@ -9,6 +9,7 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -187,21 +188,38 @@ func ScratchDB(t testing.TB) (*sql.DB, string) {
 // with prefix and a dot, as a test's cleanup of the topology it declared.
 func DeleteRabbitPrefix(t testing.TB, url, prefix string) {
 	t.Helper()
+	switch err := RemoveRabbitPrefix(url, prefix); {
+	case errors.Is(err, errRabbitmqctl):
+		t.Fatalf("cleanup of %s: %v", prefix, err)
+	case err != nil:
+		t.Logf("cleanup of %s: %v", prefix, err)
+	}
+}
+
+// errRabbitmqctl marks a failed rabbitmqctl: the tool is missing or
+// broken, which fails a test rather than leaving a note.
+var errRabbitmqctl = errors.New("rabbitmqctl failed")
+
+// RemoveRabbitPrefix is DeleteRabbitPrefix for code that has no test, such
+// as a TestMain: it returns what went wrong instead of logging it.
+func RemoveRabbitPrefix(url, prefix string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
-		t.Logf("cleanup of %s: %v", prefix, err)
-		return
+		return err
 	}
 	defer conn.Close()
 	for _, kind := range []string{"list_queues", "list_exchanges"} {
-		out := Rabbitmqctl(t, kind, "name", "--quiet", "--no-table-headers")
-		for _, name := range strings.Fields(out) {
+		out, err := exec.Command(envOr("DELAYBRIDGE_RABBITMQCTL", "rabbitmqctl"), kind, "name", "--quiet", "--no-table-headers").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v\n%s", errRabbitmqctl, kind, err, out)
+		}
+		for _, name := range strings.Fields(string(out)) {
 			if !strings.HasPrefix(name, prefix+".") {
 				continue
 			}
 			ch, err := conn.Channel()
 			if err != nil {
-				return
+				return err
 			}
 			if kind == "list_queues" {
 				_, _ = ch.QueueDelete(name, false, false, false)
@@ -211,6 +229,7 @@ func DeleteRabbitPrefix(t testing.TB, url, prefix string) {
 			_ = ch.Close()
 		}
 	}
+	return nil
 }
 
 // SkipIfShort skips a test that needs the services or disturbs them when

@@ -1,4 +1,4 @@
-package ordertimeout_test
+package orders_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
-	"github.com/delaybridge/delaybridge/examples/ordertimeout"
+	"github.com/delaybridge/delaybridge/examples/ordertimeout/orders"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
@@ -33,7 +33,7 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := &ordertimeout.Service{DB: db, Timeout: 800 * time.Millisecond, Nudge: relay.Nudge}
+	svc := &orders.Service{DB: db, Timeout: 800 * time.Millisecond, Nudge: relay.Nudge}
 	if err := svc.Setup(ctx, []string{"sku-1", "sku-2"}, 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Start(ctx, ordertimeout.Topic); err != nil {
+	if err := c.Start(ctx, orders.Topic); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
@@ -89,7 +89,7 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 	}
 	wg.Wait()
 	deadline := time.Now().Add(20 * time.Second)
-	var r *ordertimeout.Report
+	var r *orders.Report
 	for {
 		if r, err = svc.Check(ctx, 0); err != nil {
 			t.Fatal(err)
@@ -134,7 +134,7 @@ func settledTask(t *testing.T, db *sql.DB, id string, arrived func() bool, deadl
 	for {
 		// arrived before Get: the state read is the one Handle committed.
 		done := arrived()
-		info, err := outbox.Get(context.Background(), db, ordertimeout.Topic, id)
+		info, err := outbox.Get(context.Background(), db, orders.Topic, id)
 		if err != nil {
 			t.Fatalf("%s: Get: %v", id, err)
 		}
@@ -154,7 +154,7 @@ func TestOrderTimeout_ScannerBusinessSourceCancelsOrdersWithoutATask(t *testing.
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	svc := &ordertimeout.Service{DB: db, Timeout: time.Millisecond}
+	svc := &orders.Service{DB: db, Timeout: time.Millisecond}
 	if err := svc.Setup(ctx, []string{"sku"}, 10); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package ordertimeout
+package orders
 
 import (
 	"context"
@@ -254,4 +254,33 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 	}
 	r.Lateness = outbox.Summarize(late)
 	return r, rows.Err()
+}
+
+// Show is the read path, GET /orders/{id}: the order's status, except that
+// an UNPAID order whose cancel time has passed shows as EXPIRED while its
+// handler has not run yet (outbox.Overdue), so no reader ever sees a stale
+// UNPAID. Both reads share one read-only transaction, so they see one
+// snapshot: never the order from before the handler ran and the task from
+// after.
+func (s *Service) Show(ctx context.Context, id string) (string, error) {
+	tx, err := s.DB.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
+	var status string
+	if err := tx.QueryRowContext(ctx, "SELECT status FROM demo_orders WHERE id = ?", id).Scan(&status); err != nil {
+		return "", fmt.Errorf("orders: show %s: %w", id, err)
+	}
+	if status != "UNPAID" {
+		return status, nil
+	}
+	overdue, err := outbox.Overdue(ctx, tx, s.topic(), id)
+	if err != nil {
+		return "", err
+	}
+	if overdue {
+		return "EXPIRED", nil
+	}
+	return status, nil
 }

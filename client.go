@@ -1,0 +1,250 @@
+package delaybridge
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// ErrStarted is returned by Handle after Start or Stop, and by a second
+// Start or one after Stop.
+var ErrStarted = errors.New("delaybridge: client already started")
+
+// Client is delaybridge for an application: it schedules, cancels and
+// reschedules tasks in the caller's transaction, runs a handler per topic
+// for the tasks that come due (the handler's writes and "task done" commit
+// together, tasks due together share a transaction), and stops with a
+// graceful drain. It wires the broker the way delaybridge run does, from
+// the same Config. Build it with NewClient, register handlers with Handle,
+// then Start; Stop when done.
+//
+// The pieces it is made of stay available: outbox.Schedule and friends,
+// outbox.NewConsumer, outbox.NewRelay, scanner.New, Config.OpenBroker.
+type Client struct {
+	db  *sql.DB
+	cfg Config
+
+	mu       sync.Mutex
+	handlers map[string]outbox.HandlerFunc
+	started  bool
+	stopped  bool
+	conn     *Connection
+	consumer *broker.Consumer
+	stopBg   context.CancelFunc
+	bg       sync.WaitGroup
+}
+
+// NewClient returns a client on the outbox database db (migrated with
+// outbox.Migrate or delaybridge migrate) and the broker cfg names. Zero
+// fields of cfg take DefaultConfig's values; cfg.MySQLDSN is not used, as
+// db is given. It checks cfg but does not connect: Schedule, Cancel and
+// friends work without Start.
+func NewClient(db *sql.DB, cfg Config) (*Client, error) {
+	if db == nil {
+		return nil, errors.New("delaybridge: NewClient needs a database")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	return &Client{db: db, cfg: cfg, handlers: map[string]outbox.HandlerFunc{}}, nil
+}
+
+// Schedule writes t in tx, the caller's transaction: the task exists
+// exactly when the caller's own writes commit. See outbox.Schedule for
+// its errors (outbox.ErrDuplicate, bad input).
+func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t outbox.Task) (int64, error) {
+	return outbox.Schedule(ctx, tx, t)
+}
+
+// Cancel cancels the task of (topic, key) in tx. Cancelling twice is not
+// an error; a task already done is outbox.ErrFinished. Lock the task
+// before the business row it guards, as the handler does.
+func (c *Client) Cancel(ctx context.Context, tx *sql.Tx, topic, key string) error {
+	return outbox.Cancel(ctx, tx, topic, key)
+}
+
+// Reschedule moves the task of (topic, key) to due in tx; a message already
+// on its way for the old due time is skipped when it arrives.
+func (c *Client) Reschedule(ctx context.Context, tx *sql.Tx, topic, key string, due time.Time) error {
+	return outbox.Reschedule(ctx, tx, topic, key, due)
+}
+
+// Get reads the task of (topic, key); outbox.ErrNotFound when there is
+// none. q is the database or a transaction.
+func (c *Client) Get(ctx context.Context, q outbox.Querier, topic, key string) (*outbox.Info, error) {
+	return outbox.Get(ctx, q, topic, key)
+}
+
+// Overdue reports whether the task of (topic, key) is due and not yet
+// finished, the read path's lazy check (see outbox.Overdue).
+func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key string) (bool, error) {
+	return outbox.Overdue(ctx, q, topic, key)
+}
+
+// Handle registers fn for the tasks of topic. fn runs in the database
+// transaction that marks the task done: return an error to roll both back
+// and retry later. It runs no earlier than the due time and is skipped for
+// a cancelled or rescheduled task. Register every topic before Start.
+func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
+	if err := broker.ValidateTopic(topic); err != nil {
+		return err
+	}
+	if fn == nil {
+		return fmt.Errorf("delaybridge: Handle %s: nil handler", topic)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.stopped {
+		return ErrStarted
+	}
+	if _, dup := c.handlers[topic]; dup {
+		return fmt.Errorf("delaybridge: Handle %s: topic already has a handler", topic)
+	}
+	c.handlers[topic] = fn
+	return nil
+}
+
+// Start connects to the broker and starts consuming the registered
+// topics, and the relay and scanner when the Config asks for them. On
+// RocketMQ with RocketCreateTopics it first creates the topics, their
+// retry topics and the dead-letter topic. A Client without handlers,
+// relay or scanner has nothing to start and returns nil. When Start fails
+// it leaves nothing running.
+func (c *Client) Start(ctx context.Context) (err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.stopped {
+		return ErrStarted
+	}
+	topics := make([]string, 0, len(c.handlers))
+	for t := range c.handlers {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	if len(topics) == 0 && c.cfg.Relay == nil && c.cfg.Scanner == nil {
+		c.started = true
+		return nil
+	}
+	conn, err := c.cfg.OpenBroker(ctx, len(topics) > 0)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			c.stopBackground()
+			conn.Close()
+		}
+	}()
+	if len(topics) > 0 {
+		if c.cfg.Broker == "rocket" && c.cfg.RocketCreateTopics {
+			if err := conn.CreateTopics(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
+				return fmt.Errorf("delaybridge: create topics on %s: %w", c.cfg.RocketBrokerAddr, err)
+			}
+		}
+		handlers := c.handlers
+		cc := c.cfg.Consumer
+		cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
+		consumer, err := outbox.NewConsumer(c.db, conn.Subscriber, conn.Publisher, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+			fn, ok := handlers[m.Topic]
+			if !ok {
+				return fmt.Errorf("delaybridge: no handler for topic %s", m.Topic)
+			}
+			return fn(ctx, tx, m)
+		}, cc)
+		if err != nil {
+			return err
+		}
+		if err := consumer.Start(ctx, topics...); err != nil {
+			_ = consumer.Close(context.Background())
+			return err
+		}
+		c.consumer = consumer
+	}
+	if err := c.startBackground(conn); err != nil {
+		if c.consumer != nil {
+			_ = c.consumer.Close(context.Background())
+			c.consumer = nil
+		}
+		return err
+	}
+	c.conn, c.started = conn, true
+	return nil
+}
+
+// startBackground starts the relay and the scanner the Config asks for.
+func (c *Client) startBackground(conn *Connection) error {
+	var runs []func(context.Context) error
+	if c.cfg.Relay != nil {
+		rc := *c.cfg.Relay
+		rc.Logger = cmp.Or(rc.Logger, c.cfg.Logger)
+		rc.Hooks = outbox.LogProgress(rc.Hooks, rc.Logger, 0)
+		relay, err := outbox.NewRelay(c.db, conn.Publisher, rc)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, relay.Run)
+	}
+	if c.cfg.Scanner != nil {
+		sc := *c.cfg.Scanner
+		sc.Logger = cmp.Or(sc.Logger, c.cfg.Logger)
+		s, err := scanner.New(c.db, conn.Publisher, sc)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, s.Run)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stopBg = cancel
+	for _, run := range runs {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			if err := run(ctx); err != nil && ctx.Err() == nil {
+				c.cfg.Logger.Error("delaybridge: background component stopped", "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// stopBackground stops the relay and the scanner and waits for them.
+func (c *Client) stopBackground() {
+	if c.stopBg != nil {
+		c.stopBg()
+		c.bg.Wait()
+		c.stopBg = nil
+	}
+}
+
+// Stop drains: the relay and scanner finish their batch, the consumer
+// stops taking messages and waits for running handlers until ctx is done
+// (deliveries not acked are redelivered later), then the broker
+// connection closes. A stopped Client cannot start again; Schedule and
+// friends keep working.
+func (c *Client) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return nil
+	}
+	c.stopped = true
+	c.stopBackground()
+	var err error
+	if c.consumer != nil {
+		err = c.consumer.Close(ctx)
+	}
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	return err
+}

@@ -1,0 +1,138 @@
+package delaybridge_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// clientBundle is what a Client test on the real services needs.
+type clientBundle struct {
+	ctx context.Context
+	db  *sql.DB
+	cfg delaybridge.Config
+}
+
+// setup gives a test a scratch database and a RabbitMQ ladder of its own;
+// its Config relays in process.
+func setup(t *testing.T) *clientBundle {
+	t.Helper()
+	testenv.SkipIfShort(t, "needs MariaDB and RabbitMQ")
+	db, _ := testenv.ScratchDB(t)
+	ctx := context.Background()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	url, prefix := testenv.AMQP(t), testenv.Name("client")
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
+	return &clientBundle{ctx: ctx, db: db, cfg: delaybridge.Config{AMQPURL: url, RabbitPrefix: prefix, RabbitDepth: 8,
+		Relay: &outbox.RelayConfig{IdleMax: 50 * time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+}
+
+// schedule commits one task due now.
+func (b *clientBundle) schedule(t *testing.T, c *delaybridge.Client, topic, key string) {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if _, err := c.Schedule(b.ctx, tx, outbox.Task{Topic: topic, Key: key, DueAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClient_StopWaitsForTheRunningHandlerThenItsTaskIsDone(t *testing.T) {
+	b := setup(t)
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan string, 1), make(chan struct{})
+	err = c.Handle("drain", func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		entered <- m.Key
+		<-release
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.schedule(t, c, "drain", "k1")
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never ran")
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- c.Stop(ctx)
+	}()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v while a handler was running", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop = %v", err)
+	}
+	info, err := c.Get(b.ctx, b.db, "drain", "k1")
+	if err != nil || info.State != outbox.StateDone {
+		t.Fatalf("task after the drain: %+v, %v; want done", info, err)
+	}
+	if err := c.Start(b.ctx); !errors.Is(err, delaybridge.ErrStarted) {
+		t.Errorf("Start after Stop = %v, want ErrStarted", err)
+	}
+}
+
+func TestClient_StopPastItsDeadlineRollsTheHandlerBack(t *testing.T) {
+	b := setup(t)
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{}, 1)
+	err = c.Handle("stuck", func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		entered <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.schedule(t, c, "stuck", "k1")
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never ran")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want the deadline's error", err)
+	}
+	info, err := c.Get(b.ctx, b.db, "stuck", "k1")
+	if err != nil || info.State == outbox.StateDone {
+		t.Fatalf("task after an abandoned handler: %+v, %v; want not done", info, err)
+	}
+}

@@ -1,0 +1,369 @@
+package delaybridge
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// Config is what a Client, and the delaybridge binary, need to reach the
+// outbox database and the broker. Each field is a setting with a flag
+// (named in its comment), a DELAYBRIDGE_* environment variable and a
+// config file name, read by LoadConfig. A zero field takes its value from
+// DefaultConfig when a Client is built; the relay (delaybridge run) and
+// every consumer must agree on the broker settings, so give them the same
+// configuration.
+type Config struct {
+	// MySQLDSN is the outbox database in go-sql-driver format
+	// (--mysql-dsn). parseTime is on unless the DSN says otherwise.
+	MySQLDSN string
+	// MySQLTLS is the database's TLS client setup (--mysql-tls-*).
+	MySQLTLS TLSFiles
+
+	// Broker is "rabbit" or "rocket" (--broker). Default "rabbit".
+	Broker string
+
+	// AMQPURL is the RabbitMQ URL, amqps:// for TLS (--amqp-url).
+	AMQPURL string
+	// AMQPTLS is RabbitMQ's TLS client setup (--amqp-tls-*).
+	AMQPTLS TLSFiles
+	// RabbitMode is "ladder" (no plugin) or "delayed-exchange"
+	// (--rabbit-mode). Default "ladder".
+	RabbitMode string
+	// RabbitPrefix starts every exchange and queue name
+	// (--rabbit-prefix). Relay and consumers must use the same one.
+	RabbitPrefix string
+	// RabbitUnit and RabbitDepth shape the ladder (--rabbit-unit,
+	// --rabbit-depth): one hop covers unit × (2^depth − 1).
+	RabbitUnit  time.Duration
+	RabbitDepth int
+	// RabbitLead is how much earlier than due the ladder releases a
+	// message, held by the consumer until due (--rabbit-lead); negative
+	// means none. Default rabbit.DefaultLead.
+	RabbitLead time.Duration
+	// RabbitPrefetch is the unacked deliveries each consumer subscription
+	// may hold (--rabbit-prefetch; consumers only).
+	RabbitPrefetch int
+	// RabbitSplitEnvelope publishes the envelope one header per field
+	// (--rabbit-split-envelope; see rabbit/doc.go).
+	RabbitSplitEnvelope bool
+	// RabbitMaxLength is the x-max-length of each ladder and topic queue
+	// (--rabbit-max-length); -1 means no bound.
+	RabbitMaxLength int
+
+	// RocketNameServers are the RocketMQ name servers, comma separated
+	// host:port (--rocketmq-namesrv).
+	RocketNameServers string
+	// RocketMode is "timer" (RocketMQ 5) or "levels" (4.x delay levels)
+	// (--rocketmq-mode). Default "timer".
+	RocketMode string
+	// RocketMaxDelay is the longest timer hop, at most the brokers'
+	// timerMaxDelaySec (zero: theirs, read at start), or in levels mode
+	// the highest level to use (zero: all) (--rocketmq-max-delay).
+	RocketMaxDelay time.Duration
+	// RocketPrecision is the timer precision, at least the brokers'
+	// timerPrecisionMs (zero: theirs, read at start) (--rocketmq-precision).
+	RocketPrecision time.Duration
+	// RocketLevels is the broker's messageDelayLevel list
+	// (--rocketmq-levels).
+	RocketLevels string
+	// RocketGroupPrefix starts every consumer group name
+	// (--rocketmq-group-prefix; consumers only): topic T is consumed in
+	// group <prefix>-T.
+	RocketGroupPrefix string
+	// RocketBrokerAddr is the broker where topics are created
+	// (--rocketmq-broker-addr).
+	RocketBrokerAddr string
+	// RocketQueues is the read and write queues of a topic created here
+	// (--rocketmq-queues; consumers only).
+	RocketQueues int
+	// RocketCreateTopics makes a Client create, on start, the topic of
+	// each handler, its group's retry topic and the dead-letter topic on
+	// RocketBrokerAddr (--rocketmq-create-topics; consumers only). Leave it
+	// off where topics are created by operators (mqadmin updateTopic) or
+	// where ACL is on.
+	RocketCreateTopics bool
+	// RocketAccessKey and RocketSecretKey are RocketMQ ACL credentials
+	// (--rocketmq-access-key, --rocketmq-secret-key).
+	RocketAccessKey string
+	RocketSecretKey string
+	// RocketTLS talks TLS to RocketMQ, without verifying certificates
+	// (--rocketmq-tls; see SECURITY.md).
+	RocketTLS bool
+
+	// SigningKeys signs every message and refuses unsigned deliveries:
+	// id:base64secret entries, comma separated, the first signs
+	// (--signing-keys; see SECURITY.md).
+	SigningKeys string
+
+	// Logger receives the adapters' and the consumer's logs. Default
+	// slog.Default().
+	Logger *slog.Logger
+
+	// The fields below have no flag: they tune a Client in code.
+
+	// Consumer tunes the consumer runtime a Client runs for its handlers
+	// (concurrency, retries, group size, hooks). Its zero value is the
+	// runtime's defaults; Logger fills its Logger.
+	Consumer broker.ConsumerConfig
+	// Relay, when not nil, makes a Client also run the relay in its
+	// process with this configuration, for a service that is its own
+	// daemon. Leave it nil where delaybridge run is deployed.
+	Relay *outbox.RelayConfig
+	// Scanner, when not nil, makes a Client also run the scanner in its
+	// process with this configuration (see Relay).
+	Scanner *scanner.Config
+}
+
+// DefaultConfig returns the default of every setting: the values the
+// flags start from and a Client fills zero fields with.
+func DefaultConfig() Config {
+	return Config{
+		Broker:            "rabbit",
+		RabbitMode:        "ladder",
+		RabbitPrefix:      rabbit.DefaultPrefix,
+		RabbitUnit:        rabbit.DefaultUnit,
+		RabbitDepth:       rabbit.DefaultDepth,
+		RabbitLead:        rabbit.DefaultLead,
+		RabbitPrefetch:    rabbit.DefaultPrefetch,
+		RabbitMaxLength:   rabbit.DefaultMaxLength,
+		RocketNameServers: "127.0.0.1:9876",
+		RocketMode:        "timer",
+		RocketLevels:      "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+		RocketGroupPrefix: rocket.DefaultGroupPrefix,
+		RocketBrokerAddr:  "127.0.0.1:10911",
+		RocketQueues:      8,
+	}
+}
+
+// withDefaults fills every zero field from DefaultConfig.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	fill(&c.Broker, d.Broker)
+	fill(&c.RabbitMode, d.RabbitMode)
+	fill(&c.RabbitPrefix, d.RabbitPrefix)
+	fill(&c.RabbitUnit, d.RabbitUnit)
+	fill(&c.RabbitDepth, d.RabbitDepth)
+	fill(&c.RabbitLead, d.RabbitLead)
+	fill(&c.RabbitPrefetch, d.RabbitPrefetch)
+	fill(&c.RabbitMaxLength, d.RabbitMaxLength)
+	fill(&c.RocketNameServers, d.RocketNameServers)
+	fill(&c.RocketMode, d.RocketMode)
+	fill(&c.RocketLevels, d.RocketLevels)
+	fill(&c.RocketGroupPrefix, d.RocketGroupPrefix)
+	fill(&c.RocketBrokerAddr, d.RocketBrokerAddr)
+	fill(&c.RocketQueues, d.RocketQueues)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// fill sets *v to def when *v is its type's zero value.
+func fill[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// RegisterFlags adds every setting of c to fs as a flag bound to c, with
+// c's current values as defaults: the database, the broker, the consumer
+// settings and the -file companions of the secret ones.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	RegisterDatabaseFlags(fs, &c.MySQLDSN, &c.MySQLTLS)
+	c.RegisterBrokerFlags(fs)
+	c.RegisterConsumerFlags(fs)
+	RegisterSecretFiles(fs)
+}
+
+// RegisterDatabaseFlags adds --mysql-dsn and --mysql-tls-*, bound to dsn
+// and tls.
+func RegisterDatabaseFlags(fs *pflag.FlagSet, dsn *string, tls *TLSFiles) {
+	fs.StringVar(dsn, "mysql-dsn", *dsn, "MySQL/MariaDB DSN of the outbox database (go-sql-driver format); required, but demo and bench fall back to the local development database")
+	tls.Register(fs, "mysql", "the database")
+}
+
+// RegisterBrokerFlags adds the settings every process that talks to the
+// broker needs, the relay included. The RegisterConsumerFlags ones are
+// apart as only consumers use them.
+func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Broker, "broker", c.Broker, "broker adapter: rabbit or rocket")
+	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
+	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
+	fs.StringVar(&c.RabbitPrefix, "rabbit-prefix", c.RabbitPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
+	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
+	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile (negative = none)")
+	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
+	fs.BoolVar(&c.RabbitSplitEnvelope, "rabbit-split-envelope", c.RabbitSplitEnvelope, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
+	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
+	fs.StringVar(&c.RocketNameServers, "rocketmq-namesrv", c.RocketNameServers, "RocketMQ name servers, comma separated host:port")
+	fs.StringVar(&c.RocketMode, "rocketmq-mode", c.RocketMode, "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
+	fs.DurationVar(&c.RocketMaxDelay, "rocketmq-max-delay", c.RocketMaxDelay, "longest timer hop (timer mode; 0 = the brokers' timerMaxDelaySec, read at start; more than theirs is refused), or the highest level to use (levels mode, 0 = all)")
+	fs.DurationVar(&c.RocketPrecision, "rocketmq-precision", c.RocketPrecision, "timer precision (timer mode; 0 = the brokers' timerPrecisionMs, read at start; finer than theirs is refused)")
+	fs.StringVar(&c.RocketLevels, "rocketmq-levels", c.RocketLevels, "the broker's messageDelayLevel list (levels mode)")
+	fs.StringVar(&c.RocketBrokerAddr, "rocketmq-broker-addr", c.RocketBrokerAddr, "RocketMQ broker address where topics are created (demo, bench, doctor, and consumers with --rocketmq-create-topics)")
+	c.AMQPTLS.Register(fs, "amqp", "RabbitMQ")
+	fs.StringVar(&c.RocketAccessKey, "rocketmq-access-key", c.RocketAccessKey, "RocketMQ ACL access key (with --rocketmq-secret-key)")
+	fs.StringVar(&c.RocketSecretKey, "rocketmq-secret-key", c.RocketSecretKey, "RocketMQ ACL secret key; prefer --rocketmq-secret-key-file or the environment")
+	fs.BoolVar(&c.RocketTLS, "rocketmq-tls", c.RocketTLS, "talk TLS to the RocketMQ name servers and brokers; the client does not verify their certificates (see SECURITY.md)")
+	fs.StringVar(&c.SigningKeys, "signing-keys", c.SigningKeys, "sign every message and refuse deliveries not signed by these keys: id:base64secret entries (secret at least 32 bytes), comma separated, the first signs; give every relay and consumer the same keys (see SECURITY.md); prefer --signing-keys-file")
+	RegisterSecretFiles(fs)
+}
+
+// RegisterConsumerFlags adds the settings only consumers use: RabbitMQ
+// prefetch, RocketMQ consumer groups and topic creation.
+func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + 200ms)")
+	fs.StringVar(&c.RocketGroupPrefix, "rocketmq-group-prefix", c.RocketGroupPrefix, "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
+	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
+	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "a consumer creates its topics, their retry topics and the dead-letter topic on --rocketmq-broker-addr when it starts (demo and bench always do)")
+}
+
+// Keyring parses SigningKeys, nil when unset.
+func (c Config) Keyring() (broker.Keyring, error) {
+	if c.SigningKeys == "" {
+		return nil, nil
+	}
+	ring, err := broker.ParseKeyring(c.SigningKeys)
+	if err != nil {
+		return nil, fmt.Errorf("--signing-keys: %w", err)
+	}
+	return ring, nil
+}
+
+// Mode names the configured delay mode of the chosen broker.
+func (c Config) Mode() string {
+	if c.Broker == "rocket" {
+		return c.RocketMode
+	}
+	return c.RabbitMode
+}
+
+// NotConfiguredError is the error for a required setting left unset: it
+// names every way to set it.
+type NotConfiguredError struct {
+	// Setting is the flag name, e.g. "amqp-url".
+	Setting string
+	// What says what is missing, e.g. "no RabbitMQ configured".
+	What string
+}
+
+// Error names the missing setting and every way to set it.
+func (e *NotConfiguredError) Error() string {
+	f := e.Setting
+	return fmt.Sprintf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
+		e.What, f, f, SecretFileSuffix, EnvName(f), EnvName(f+SecretFileSuffix), f, SecretFileSuffix)
+}
+
+// RabbitConfig returns the rabbit adapter's configuration.
+func (c Config) RabbitConfig() (rabbit.Config, error) {
+	cfg := rabbit.Config{URL: c.AMQPURL, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, SplitEnvelope: c.RabbitSplitEnvelope, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
+	if c.AMQPURL == "" {
+		return cfg, &NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
+	}
+	if c.RabbitPrefetch <= 0 {
+		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", c.RabbitPrefetch)
+	}
+	tc, err := c.AMQPTLS.Config("amqp")
+	if err != nil {
+		return cfg, err
+	}
+	if tc != nil && !strings.HasPrefix(strings.ToLower(c.AMQPURL), "amqps://") {
+		return cfg, fmt.Errorf("--amqp-tls-* flags need an amqps:// --amqp-url, not %s", rabbit.RedactURL(c.AMQPURL))
+	}
+	cfg.TLS = tc
+	switch c.RabbitMode {
+	case "ladder":
+		cfg.Mode = rabbit.ModeLadder
+	case "delayed-exchange":
+		cfg.Mode = rabbit.ModeDelayedExchange
+	default:
+		return cfg, fmt.Errorf("--rabbit-mode %q: want ladder or delayed-exchange", c.RabbitMode)
+	}
+	return cfg, nil
+}
+
+// ParseLevels parses a RocketMQ messageDelayLevel list: durations
+// separated by spaces or commas.
+func ParseLevels(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Fields(strings.ReplaceAll(s, ",", " ")) {
+		d, err := time.ParseDuration(f)
+		if err != nil {
+			return nil, fmt.Errorf("--rocketmq-levels: %w", err)
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--rocketmq-levels: empty")
+	}
+	return out, nil
+}
+
+// RocketConfig returns the rocket adapter's configuration.
+func (c Config) RocketConfig() (rocket.Config, error) {
+	cfg := rocket.Config{GroupPrefix: c.RocketGroupPrefix, Logger: c.Logger, AccessKey: c.RocketAccessKey, SecretKey: c.RocketSecretKey, TLS: c.RocketTLS}
+	if (c.RocketAccessKey == "") != (c.RocketSecretKey == "") {
+		return cfg, fmt.Errorf("--rocketmq-access-key and --rocketmq-secret-key go together")
+	}
+	for _, s := range strings.Split(c.RocketNameServers, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.NameServers = append(cfg.NameServers, s)
+		}
+	}
+	switch c.RocketMode {
+	case "timer":
+		if c.RocketMaxDelay < 0 || c.RocketPrecision < 0 {
+			return cfg, fmt.Errorf("--rocketmq-max-delay and --rocketmq-precision must not be negative (0 = the broker's)")
+		}
+		cfg.Limits = rocket.TimerLimits(c.RocketMaxDelay, c.RocketPrecision)
+	case "levels":
+		lv, err := ParseLevels(c.RocketLevels)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Limits = rocket.LevelLimits(lv, c.RocketMaxDelay)
+	default:
+		return cfg, fmt.Errorf("--rocketmq-mode %q: want timer or levels", c.RocketMode)
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// Warnings says what in the broker settings works but is weaker than it
+// looks.
+func (c Config) Warnings() []string {
+	var out []string
+	if c.Broker == "rocket" && c.RocketTLS {
+		out = append(out, "--rocketmq-tls: the RocketMQ client does not verify the servers' certificates, so TLS stops eavesdropping but not a man in the middle (see SECURITY.md)")
+	}
+	return out
+}
+
+// Check reports bad broker settings without connecting.
+func (c Config) Check() error {
+	if _, err := c.Keyring(); err != nil {
+		return err
+	}
+	switch c.Broker {
+	case "rabbit":
+		_, err := c.RabbitConfig()
+		return err
+	case "rocket":
+		_, err := c.RocketConfig()
+		return err
+	}
+	return fmt.Errorf("--broker %q: want rabbit or rocket", c.Broker)
+}

@@ -1,0 +1,166 @@
+package delaybridge_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// clearEnv unsets every DELAYBRIDGE_* variable for the test.
+func clearEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, delaybridge.EnvPrefix) {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+}
+
+func TestLoadConfig_FlagBeatsEnvironmentBeatsFileBeatsDefault(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "delaybridge.conf")
+	conf := "broker = rocket\nrabbit-prefix = from-file\nrocketmq-group-prefix = from-file\nrabbit-depth = 9\n"
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(dir, "dsn")
+	if err := os.WriteFile(secret, []byte("u:p@tcp(db:3306)/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DELAYBRIDGE_CONFIG", file)
+	t.Setenv("DELAYBRIDGE_RABBIT_PREFIX", "from-env")
+	t.Setenv("DELAYBRIDGE_RABBIT_DEPTH", "10")
+	t.Setenv("DELAYBRIDGE_MYSQL_DSN_FILE", secret)
+	cfg, err := delaybridge.LoadConfig([]string{"--rabbit-depth", "11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := delaybridge.DefaultConfig()
+	want.Broker, want.RocketGroupPrefix = "rocket", "from-file"
+	want.RabbitPrefix = "from-env"
+	want.RabbitDepth = 11
+	want.MySQLDSN = "u:p@tcp(db:3306)/x"
+	if cfg.Broker != want.Broker || cfg.RocketGroupPrefix != want.RocketGroupPrefix || cfg.RabbitPrefix != want.RabbitPrefix ||
+		cfg.RabbitDepth != want.RabbitDepth || cfg.MySQLDSN != want.MySQLDSN || cfg.RabbitUnit != want.RabbitUnit || cfg.RocketQueues != want.RocketQueues {
+		t.Errorf("LoadConfig = %+v\nwant %+v", cfg, want)
+	}
+}
+
+func TestLoadConfig_BadInputIsAClearError(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		args       []string
+		want       string
+	}{
+		{name: "unknown flag", args: []string{"--no-such-flag"}, want: "unknown flag: --no-such-flag"},
+		{name: "unknown file key", file: "mysql_dsn = x\n", want: `unknown setting "mysql_dsn"`},
+		{name: "bad env value", env: map[string]string{"DELAYBRIDGE_RABBIT_DEPTH": "deep"}, want: "DELAYBRIDGE_RABBIT_DEPTH"},
+		{name: "secret twice", env: map[string]string{"DELAYBRIDGE_AMQP_URL": "amqp://a", "DELAYBRIDGE_AMQP_URL_FILE": filepath.Join(dir, "none")}, want: "--amqp-url and --amqp-url-file are both set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			args := tc.args
+			if tc.file != "" {
+				f := filepath.Join(t.TempDir(), "c.conf")
+				if err := os.WriteFile(f, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--config", f)
+			}
+			if _, err := delaybridge.LoadConfig(args); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("LoadConfig = %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadFlags_ServiceFlagsAndDelaybridgeSettingsShareOneFlagSet(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DELAYBRIDGE_ORDERS", "7")
+	t.Setenv("DELAYBRIDGE_BROKER", "rocket")
+	fs := pflag.NewFlagSet("svc", pflag.ContinueOnError)
+	orders := fs.Int("orders", 1, "orders to create")
+	cfg := delaybridge.DefaultConfig()
+	cfg.RegisterFlags(fs)
+	if err := delaybridge.LoadFlags(fs, []string{"--rocketmq-mode", "levels"}, "svc"); err != nil {
+		t.Fatal(err)
+	}
+	if *orders != 7 || cfg.Broker != "rocket" || cfg.RocketMode != "levels" {
+		t.Errorf("orders %d, broker %q, mode %q", *orders, cfg.Broker, cfg.RocketMode)
+	}
+}
+
+func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
+	t.Parallel()
+	db := &sql.DB{}
+	for _, tc := range []struct {
+		cfg  delaybridge.Config
+		want string
+	}{
+		{delaybridge.Config{Broker: "kafka"}, `--broker "kafka"`},
+		{delaybridge.Config{}, "no RabbitMQ configured"},
+		{delaybridge.Config{AMQPURL: "amqp://x", RabbitMode: "plugin"}, `--rabbit-mode "plugin"`},
+		{delaybridge.Config{Broker: "rocket", RocketMode: "levels", RocketLevels: "1x"}, "--rocketmq-levels"},
+		{delaybridge.Config{Broker: "rocket", RocketAccessKey: "ak"}, "go together"},
+	} {
+		if _, err := delaybridge.NewClient(db, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewClient(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	var nc *delaybridge.NotConfiguredError
+	if _, err := delaybridge.NewClient(db, delaybridge.Config{}); !errors.As(err, &nc) || nc.Setting != "amqp-url" {
+		t.Errorf("no AMQP URL: %v, want a NotConfiguredError for amqp-url", err)
+	}
+	if _, err := delaybridge.NewClient(nil, delaybridge.Config{AMQPURL: "amqp://x"}); err == nil {
+		t.Error("NewClient(nil db) accepted")
+	}
+}
+
+func TestClient_HandleRefusesBadTopicsDuplicatesAndLateRegistration(t *testing.T) {
+	t.Parallel()
+	c, err := delaybridge.NewClient(&sql.DB{}, delaybridge.Config{AMQPURL: "amqp://x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := func(context.Context, *sql.Tx, *broker.Message) error { return nil }
+	if err := c.Handle("bad topic", fn); !errors.Is(err, broker.ErrInvalidTopic) {
+		t.Errorf("Handle(bad topic) = %v, want ErrInvalidTopic", err)
+	}
+	if err := c.Handle("t", nil); err == nil {
+		t.Error("Handle(nil) accepted")
+	}
+	if err := c.Handle("t", fn); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle("t", fn); err == nil || !strings.Contains(err.Error(), "already has a handler") {
+		t.Errorf("second Handle(t) = %v", err)
+	}
+	// Stop before Start is a no-op, and a stopped client does not start.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("Stop before Start = %v", err)
+	}
+	if err := c.Start(ctx); !errors.Is(err, delaybridge.ErrStarted) {
+		t.Errorf("Start after Stop = %v, want ErrStarted", err)
+	}
+	if err := c.Handle("u", fn); !errors.Is(err, delaybridge.ErrStarted) {
+		t.Errorf("Handle after Stop = %v, want ErrStarted", err)
+	}
+}

@@ -1,0 +1,165 @@
+package delaybridge_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// An order service with timeout auto-cancel. Each order schedules its own
+// cancellation in the transaction that creates it; paying cancels the
+// cancellation in the payment's transaction; the handler cancels what is
+// still unpaid, in the transaction that marks the task done. The settings
+// come from the DELAYBRIDGE_* environment and the config file, as the
+// daemon reads them (scripts/services.sh env prints the local ones).
+func Example() {
+	ctx := context.Background()
+	cfg, db := openOrders(ctx)
+	defer db.Close()
+	// This process relays its own tasks; usually delaybridge run does.
+	cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
+	client, err := delaybridge.NewClient(db, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = client.Handle("order-cancel", func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer client.Stop(ctx)
+
+	// Two orders, each cancelled one second after it was placed unless paid.
+	for _, id := range []string{"order-1", "order-2"} {
+		err := inTx(ctx, db, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
+				return err
+			}
+			_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-cancel", Key: id, DueAt: time.Now().Add(time.Second)})
+			return err
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	// order-1 is paid in time: lock its task first, then the order.
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
+		if err := client.Cancel(ctx, tx, "order-cancel", "order-1"); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", "order-1")
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// order-2 is not: its handler cancels it once due.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		info, err := client.Get(ctx, db, "order-cancel", "order-2")
+		if err != nil {
+			log.Fatal(err)
+		}
+		if info.State == outbox.StateDone || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, id := range []string{"order-1", "order-2"} {
+		var status string
+		if err := db.QueryRowContext(ctx, "SELECT status FROM orders WHERE id = ?", id).Scan(&status); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(id, status)
+	}
+	// Output:
+	// order-1 PAID
+	// order-2 CANCELLED
+}
+
+// The read path's lazy check: between an order's cancel time and the
+// moment its handler has run, the row still says UNPAID. A GET that must
+// never show a stale UNPAID asks Overdue and shows the order as expired.
+// Overdue needs no broker and no Start.
+func ExampleClient_Overdue() {
+	ctx := context.Background()
+	cfg, db := openOrders(ctx)
+	defer db.Close()
+	client, err := delaybridge.NewClient(db, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES ('order-3', 'UNPAID')"); err != nil {
+			return err
+		}
+		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: "order-3", DueAt: time.Now().Add(time.Second)})
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	show := func(id string) string {
+		var status string
+		if err := db.QueryRowContext(ctx, "SELECT status FROM orders WHERE id = ?", id).Scan(&status); err != nil {
+			log.Fatal(err)
+		}
+		overdue, err := client.Overdue(ctx, db, "order-expire", id)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if status == "UNPAID" && overdue {
+			return "stored UNPAID, shown EXPIRED"
+		}
+		return "stored " + status + ", shown " + status
+	}
+	fmt.Println("before the cancel time:", show("order-3"))
+	time.Sleep(1200 * time.Millisecond) // no handler runs in this example
+	fmt.Println("after the cancel time: ", show("order-3"))
+	// Output:
+	// before the cancel time: stored UNPAID, shown UNPAID
+	// after the cancel time:  stored UNPAID, shown EXPIRED
+}
+
+// openOrders reads the settings, opens the database, creates or upgrades
+// the outbox table and creates the orders table.
+func openOrders(ctx context.Context) (delaybridge.Config, *sql.DB) {
+	cfg, err := delaybridge.LoadConfig(nil) // DELAYBRIDGE_* and the config file
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := cfg.OpenDB(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+	return cfg, db
+}
+
+// inTx runs fn in a transaction and commits it, or rolls it back when fn
+// fails.
+func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}

@@ -1,0 +1,259 @@
+// Command ordertimeout is an order service with timeout auto-cancel on
+// delaybridge, end to end: it creates orders, each reserving stock and
+// scheduling its own cancellation in the same transaction; pays about half
+// of them, some too late; reads every order through the lazy check; lets
+// the rest expire; and exits 0 only when the invariants hold: no order is
+// both paid and cancelled, none stays unpaid past its cancel time, none is
+// cancelled before it, no read showed UNPAID after the cancel time, and
+// the stock adds up.
+//
+// It reads the delaybridge settings as the daemon does (flags,
+// DELAYBRIDGE_*, --config) and runs the relay and the scanner in its own
+// process, so it needs nothing but the services:
+//
+//	eval "$(scripts/services.sh env)"   # or export the DELAYBRIDGE_* of your own
+//	go run ./examples/ordertimeout --broker rabbit
+//	go run ./examples/ordertimeout --broker rocket
+//
+// It replaces the demo_orders and demo_inventory tables and its topic's
+// tasks in the configured database.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/examples/ordertimeout/orders"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// topic is where this program's cancellations travel.
+const topic = "ordertimeout-cancel"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "ordertimeout:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the program's own flags.
+type options struct {
+	orders  int
+	timeout time.Duration
+	wait    time.Duration
+	verbose bool
+}
+
+// run is the program: main without the process around it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o options
+	cfg := delaybridge.DefaultConfig()
+	// This program creates its RocketMQ topic, as the local broker allows.
+	cfg.RocketCreateTopics = true
+	fs := pflag.NewFlagSet("ordertimeout", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.orders, "orders", 40, "orders to create")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Second, "how long an order may stay unpaid")
+	fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long past the last cancel time to wait for every order to settle")
+	fs.BoolVar(&o.verbose, "verbose", false, "log what delaybridge does")
+	fs.String("config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
+	cfg.RegisterFlags(fs)
+	if err := delaybridge.LoadFlags(fs, args, "ordertimeout"); err != nil {
+		return err
+	}
+	if o.orders < 4 || o.timeout <= 0 {
+		return errors.New("need --orders >= 4 and --timeout > 0")
+	}
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	level := slog.LevelWarn
+	if o.verbose {
+		level = slog.LevelInfo
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	db, err := cfg.OpenDB(ctx)
+	if err != nil {
+		return fmt.Errorf("%w (for the local services: eval \"$(scripts/services.sh env)\")", err)
+	}
+	defer db.Close()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		return err
+	}
+	svc := &orders.Service{DB: db, Timeout: o.timeout, Topic: topic}
+	if err := svc.Setup(ctx, []string{"sku-a", "sku-b"}, 1000); err != nil {
+		return err
+	}
+	// The relay and the scanner run in this process; a service deployed
+	// next to delaybridge run leaves both nil. The scanner also cancels
+	// orders left unpaid whatever became of their task.
+	cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
+	cfg.Scanner = &scanner.Config{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
+		Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(10 * time.Second), Handle: svc.CancelIfUnpaid}}
+	client, err := delaybridge.NewClient(db, cfg)
+	if err != nil {
+		return err
+	}
+	if err := client.Handle(topic, svc.CancelTask); err != nil {
+		return err
+	}
+	if err := client.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.Stop(sctx)
+	}()
+	fmt.Fprintf(stdout, "ordertimeout: %d orders on %s (%s), timeout %v\n", o.orders, cfg.Broker, cfg.Mode(), o.timeout)
+	return story(ctx, svc, o, stdout)
+}
+
+// story creates the orders, pays some in time and some too late, reads
+// them all through the lazy check, waits for the rest to expire and checks
+// the invariants.
+func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer) error {
+	ids := make([]string, o.orders)
+	prefix := fmt.Sprintf("order-%d", time.Now().UnixMilli())
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		if err := svc.CreateOrder(ctx, ids[i], []string{"sku-a", "sku-b"}[i%2], 1+i%3); err != nil {
+			return err
+		}
+	}
+	created := time.Now()
+	// Every order's cancel time is at or before this one.
+	cancelTime := created.Add(o.timeout)
+	var (
+		mu           sync.Mutex
+		paid, late   int
+		shownStale   []string
+		shownExpired int
+		wg           sync.WaitGroup
+		errs         []error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, err)
+	}
+	// Every fourth order is paid at once, every fourth after its cancel
+	// time (that payment must lose: the order is cancelled or shown
+	// EXPIRED); the other half are never paid.
+	for i, id := range ids {
+		switch i % 4 {
+		case 0:
+			ok, err := svc.Pay(ctx, id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("order %s: paying at once failed", id)
+			}
+			paid++
+		case 1:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Until(cancelTime.Add(500 * time.Millisecond)))
+				ok, err := svc.Pay(ctx, id)
+				if err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					late++
+				}
+			}()
+		}
+	}
+	// Readers poll every order until all settled; after the cancel time
+	// none may show UNPAID.
+	readers, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	var rg sync.WaitGroup
+	rg.Add(1)
+	go func() {
+		defer rg.Done()
+		for readers.Err() == nil {
+			for _, id := range ids {
+				checkedAfter := time.Now().After(cancelTime)
+				status, err := svc.Show(ctx, id)
+				if err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				switch {
+				case status == "UNPAID" && checkedAfter:
+					shownStale = append(shownStale, id)
+				case status == "EXPIRED":
+					shownExpired++
+				}
+				mu.Unlock()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	deadline := cancelTime.Add(o.wait)
+	var r *orders.Report
+	for {
+		var err error
+		if r, err = svc.Check(ctx, 0); err != nil {
+			return err
+		}
+		if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopReading()
+	rg.Wait()
+	r, err := svc.Check(ctx, 0)
+	if err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Fprintf(stdout, "orders %d: paid %d (%d at once, %d after the cancel time), cancelled %d (by timeout %d, by scanner %d)\n",
+		r.Orders, r.Paid, paid, late, r.Cancelled, r.CancelledBy["timeout"], r.CancelledBy["scanner"])
+	fmt.Fprintf(stdout, "paid and cancelled: %d; unpaid past the cancel time: %d; cancelled early: %d; stock consistent: %v\n",
+		r.WronglyCancelled, r.LeftUnpaid, r.Early, r.StockOK)
+	fmt.Fprintf(stdout, "reads: shown EXPIRED by the lazy check %d times, shown UNPAID after the cancel time %d times\n", shownExpired, len(shownStale))
+	fmt.Fprintf(stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.Lateness.P50, r.Lateness.P99, r.Lateness.Max)
+	var broken []error
+	broken = append(broken, errs...)
+	if r.WronglyCancelled != 0 || r.LeftUnpaid != 0 || r.Early != 0 || !r.StockOK {
+		broken = append(broken, errors.New("an order invariant is broken"))
+	}
+	if r.Paid != paid+late || r.Paid+r.Cancelled != r.Orders {
+		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.Paid, paid+late, r.Paid+r.Cancelled, r.Orders))
+	}
+	if len(shownStale) > 0 {
+		broken = append(broken, fmt.Errorf("%d reads showed UNPAID after the cancel time (first %s)", len(shownStale), shownStale[0]))
+	}
+	if err := errors.Join(broken...); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "ordertimeout: every invariant holds")
+	return nil
+}

@@ -1,0 +1,43 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// MillisUTC truncates t to the millisecond and returns it in UTC: due
+// times are stored in epoch milliseconds (due_ms), so a DueAt read back
+// from the table equals MillisUTC of the one scheduled. It is
+// broker.MillisUTC, here for callers that only use the outbox.
+func MillisUTC(t time.Time) time.Time { return broker.MillisUTC(t) }
+
+// Millis returns t as the epoch milliseconds the table stores.
+func Millis(t time.Time) int64 { return t.UnixMilli() }
+
+// Overdue reports whether the task of (topic, key) is due by the
+// database's clock and not finished: pending, published, or dead (its
+// handler gave up). It is the lazy check of the read path: between the due
+// time and the moment the consumer runs the handler (normally
+// milliseconds, longer while a broker or consumer is down), the business
+// row still looks as if nothing were due, so a read that must not show,
+// say, a stale UNPAID order asks Overdue and shows the order as expired.
+// A task that is done or cancelled, and a key with no task, are not
+// overdue. The database's clock is the one Handle uses, so Overdue turns
+// true no earlier than the handler may run.
+func Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
+	var overdue bool
+	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
+		topic, []byte(key)).Scan(&overdue)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("outbox: overdue %s/%s: %w", topic, key, err)
+	}
+	return overdue, nil
+}
