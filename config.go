@@ -223,7 +223,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 // RegisterConsumerFlags adds the settings only consumers use: RabbitMQ
 // prefetch, RocketMQ consumer groups and topic creation.
 func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
-	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + 200ms)")
+	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead)")
 	fs.StringVar(&c.RocketGroupPrefix, "rocketmq-group-prefix", c.RocketGroupPrefix, "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
 	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
 	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "a consumer creates its topics, their retry topics and the dead-letter topic on --rocketmq-broker-addr when it starts (demo and bench always do)")

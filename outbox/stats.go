@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Stats is the operator's view of the outbox that `delaybridge status`
@@ -93,6 +95,10 @@ const (
 	statsInsertRows = 500
 )
 
+// ErrNotMigrated reports a database whose schema is older than this code
+// needs.
+var ErrNotMigrated = errors.New("outbox: the database is not migrated to this version")
+
 // ReadStats reads the outbox's figures at a cost that does not grow with
 // the table: the counts come from the summary RefreshStats last wrote (zero
 // CountsAt when there is none; see CountStats), the rest from ranges of the
@@ -105,6 +111,10 @@ func ReadStats(ctx context.Context, q Querier, now time.Time, grace, window time
 	rows, err := q.QueryContext(ctx, `SELECT r.computed_ms, r.overdue, s.state, s.topic, s.tasks
 FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`)
 	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 {
+			return nil, fmt.Errorf("%w: the task count summary (migration 4) is missing; run `delaybridge migrate` (or outbox.Migrate): %v", ErrNotMigrated, err)
+		}
 		return nil, fmt.Errorf("outbox: stats: read summary: %w", err)
 	}
 	counts := map[State]map[string]int{}

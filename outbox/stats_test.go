@@ -225,3 +225,13 @@ func (b *bundle) countRows(t *testing.T, table string) int {
 	require.NoError(t, b.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n))
 	return n
 }
+
+func TestReadStats_OnADatabaseBeforeMigration4SaysToMigrate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Exec("DROP TABLE delay_task_stats_run")
+	require.NoError(t, err)
+	_, err = outbox.ReadStats(b.ctx, b.db, time.Now(), time.Second, time.Minute)
+	require.ErrorIs(t, err, outbox.ErrNotMigrated)
+	require.Contains(t, err.Error(), "delaybridge migrate")
+}
