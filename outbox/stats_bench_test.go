@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"database/sql"
 	"os"
 	"strconv"
 	"testing"
@@ -27,37 +28,9 @@ func BenchmarkStats(b *testing.B) {
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		b.Fatal(err)
 	}
-	const week = 7 * 24 * time.Hour / time.Millisecond
-	now := time.Now().UnixMilli()
 	start := time.Now()
-	// MariaDB's SEQUENCE engine generates the rows server-side, in chunks
-	// that keep each transaction moderate.
-	const chunk = 500_000
-	for lo := 1; lo <= n; lo += chunk {
-		hi := min(n, lo+chunk-1)
-		seq := "seq_" + strconv.Itoa(lo) + "_to_" + strconv.Itoa(hi)
-		for _, q := range []struct {
-			sql  string
-			args []any
-		}{
-			{`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
-SELECT CONCAT('topic-', seq % 20), CONCAT('p-', seq), ? + seq * ? DIV ?, REPEAT('x', 100), 'pending', ?, ?
-FROM ` + seq, []any{now, int64(week), n, now, now}},
-			{`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms, published_ms, done_ms)
-SELECT CONCAT('topic-', seq % 20), CONCAT('d-', seq), ? - seq * ? DIV ?, REPEAT('x', 100), 'done', ?, ?, ?, ? - seq * ? DIV ? + 50
-FROM ` + seq, []any{now, int64(week), n, now, now, now, now, int64(week), n}},
-		} {
-			if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	loadWeek(b, db, n)
 	b.Logf("loaded %d pending + %d done rows in %v", n, n, time.Since(start).Round(time.Second))
-	// Statistics for the optimizer, as a server that has seen the writes
-	// would have.
-	if _, err := db.ExecContext(ctx, "ANALYZE TABLE delay_task"); err != nil {
-		b.Fatal(err)
-	}
 
 	b.Run("RefreshStats", func(b *testing.B) {
 		for b.Loop() {
@@ -91,4 +64,39 @@ FROM ` + seq, []any{now, int64(week), n, now, now, now, now, int64(week), n}},
 			}
 		}
 	})
+}
+
+// loadWeek writes n pending tasks due over the next 7 days and n done ones
+// due over the last 7 days (the default retention) across 20 topics, then
+// analyzes the table, as a server that has seen the writes would have.
+// MariaDB's SEQUENCE engine generates the rows server-side, in chunks that
+// keep each transaction moderate.
+func loadWeek(b *testing.B, db *sql.DB, n int) {
+	b.Helper()
+	ctx := b.Context()
+	const week = 7 * 24 * time.Hour / time.Millisecond
+	now := time.Now().UnixMilli()
+	const chunk = 500_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(n, lo+chunk-1)
+		seq := "seq_" + strconv.Itoa(lo) + "_to_" + strconv.Itoa(hi)
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
+SELECT CONCAT('topic-', seq % 20), CONCAT('p-', seq), ? + seq * ? DIV ?, REPEAT('x', 100), 'pending', ?, ?
+FROM ` + seq, []any{now, int64(week), n, now, now}},
+			{`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms, published_ms, done_ms)
+SELECT CONCAT('topic-', seq % 20), CONCAT('d-', seq), ? - seq * ? DIV ?, REPEAT('x', 100), 'done', ?, ?, ?, ? - seq * ? DIV ? + 50
+FROM ` + seq, []any{now, int64(week), n, now, now, now, now, int64(week), n}},
+		} {
+			if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if _, err := db.ExecContext(ctx, "ANALYZE TABLE delay_task"); err != nil {
+		b.Fatal(err)
+	}
 }
