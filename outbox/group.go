@@ -17,18 +17,38 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 
 // HandleGroup is Handle for several messages in ONE transaction: it locks
 // their task rows (in id order), decides each message's outcome as Handle
-// would, and runs fn for each live one inside a savepoint of its own. A
-// message whose fn fails is rolled back to its savepoint alone and reported
-// in errs; the others are marked done and committed together. A task that
-// appears twice runs once (the second copy is SkippedDone). err reports a
-// failure of the group as a whole (begin, lock, commit, or a savepoint the
-// server lost, as after a deadlock): nothing of it is committed and the
-// caller handles each message on its own (broker.ConsumerConfig.Group
-// does).
+// would, runs fn for each live one, marks them done and commits. A task
+// that appears twice runs once (the second copy is SkippedDone).
+//
+// The first attempt runs the messages back to back, one statement of
+// bookkeeping for the whole group. When fn fails for any message, that
+// attempt is rolled back whole and the group runs once more with each
+// message inside a savepoint of its own: a message whose fn fails again is
+// rolled back to its savepoint alone and reported in errs, and the others
+// are marked done and committed together. So one failing message costs
+// the others one more run of the group, never their result; and a group
+// with no failure pays no savepoint round trips. err reports a failure of
+// the group as a whole (begin, lock, commit, or a savepoint the server
+// lost, as after a deadlock): nothing of it is committed and the caller
+// handles each message on its own (broker.ConsumerConfig.Group does).
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
 	}
+	outcomes, errs, err = handleGroup(ctx, db, msgs, fn, false)
+	if errors.Is(err, errIsolate) {
+		return handleGroup(ctx, db, msgs, fn, true)
+	}
+	return outcomes, errs, err
+}
+
+// errIsolate is handleGroup's answer, without savepoints, when fn failed
+// for a message: the attempt is rolled back and must run again isolated.
+var errIsolate = errors.New("outbox: handle group: a message failed; run the group again with a savepoint per message")
+
+// handleGroup is one attempt of HandleGroup, with a savepoint around each
+// message or none.
+func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, isolate bool) (outcomes []Outcome, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: handle group: begin: %w", err)
@@ -61,6 +81,15 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		case r.due > r.dbNow:
 			errs[i] = &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
+			continue
+		}
+		if !isolate {
+			if ferr := fn(ctx, tx, m); ferr != nil {
+				return nil, nil, errIsolate
+			}
+			seen[r.id] = true
+			outcomes[i] = Handled
+			doneIDs = append(doneIDs, r.id)
 			continue
 		}
 		// One savepoint name, set anew for each message: only the current

@@ -158,7 +158,7 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 	ctx := context.Background()
 
 	// The lead, one whole unit and a bit: rounded down, it enters level 0.
-	m := &broker.Message{Topic: topic, Key: "k", Payload: []byte("p"), DeliverAt: broker.MillisUTC(time.Now().Add(DefaultLead + testUnit + 100*time.Millisecond))}
+	m := &broker.Message{Topic: topic, Key: "k", Payload: []byte("p"), DeliverAt: broker.MillisUTC(time.Now().Add(testLead + testUnit + 100*time.Millisecond))}
 	if err := pub.Publish(ctx, m); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
@@ -184,7 +184,7 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 
 	// Through the same level again, as the runtime's hop would send it.
 	got.Hop++
-	got.DeliverAt = broker.MillisUTC(time.Now().Add(DefaultLead + testUnit + 100*time.Millisecond))
+	got.DeliverAt = broker.MillisUTC(time.Now().Add(testLead + testUnit + 100*time.Millisecond))
 	if err := pub.Publish(ctx, got); err != nil {
 		t.Fatalf("re-Publish: %v", err)
 	}
@@ -220,7 +220,7 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
-	due := broker.MillisUTC(time.Now().Add(DefaultLead + 2*testUnit))
+	due := broker.MillisUTC(time.Now().Add(testLead + 2*testUnit))
 	lost := &broker.Message{Topic: "ghost", Key: "lost", Payload: []byte("lost"), DeliverAt: due}
 	good := &broker.Message{Topic: "good", Key: "behind", DeliverAt: due}
 	if err := pub.Publish(ctx, lost, good); err != nil {
@@ -322,15 +322,15 @@ func TestLadder_EveryDelayTakesExactlyItsUnits(t *testing.T) {
 	// Up to the top less one, and only delays whose lead plus half a unit
 	// still fit in one hop: a hop is capped at MaxHop before the lead comes
 	// off, so the top itself is never asked for.
-	top := min(1<<testDepth-2, int((LadderMaxHop(testUnit, testDepth)-DefaultLead-testUnit/2)/testUnit))
+	top := min(1<<testDepth-2, int((LadderMaxHop(testUnit, testDepth)-testLead-testUnit/2)/testUnit))
 	if top < 1<<(testDepth-1) {
-		t.Fatalf("the test ladder (unit %v, depth %d) is too short for the lead %v to reach its top level", testUnit, testDepth, DefaultLead)
+		t.Fatalf("the test ladder (unit %v, depth %d) is too short for the lead %v to reach its top level", testUnit, testDepth, testLead)
 	}
 	sent := time.Now()
 	var msgs []*broker.Message
 	for n := 0; n <= top; n++ {
 		// Half a unit past n whole units after the lead: rounds down to n.
-		due := sent.Add(DefaultLead + time.Duration(n)*testUnit + testUnit/2)
+		due := sent.Add(testLead + time.Duration(n)*testUnit + testUnit/2)
 		msgs = append(msgs, &broker.Message{Topic: topic, Key: fmt.Sprint(n), DeliverAt: broker.MillisUTC(due)})
 	}
 	if err := pub.Publish(ctx, msgs...); err != nil {

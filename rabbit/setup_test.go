@@ -13,10 +13,12 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testenv"
 )
 
-// Small ladders keep the tests short: 250ms × (2^4 − 1) = 3.75s per hop.
+// Small ladders keep the tests short: 250ms × (2^4 − 1) = 3.75s per hop,
+// with a lead well inside one hop, so delays go through the ladder.
 const (
 	testUnit  = 250 * time.Millisecond
 	testDepth = 4
+	testLead  = 200 * time.Millisecond
 )
 
 // bundle is what a test against the real broker needs.
@@ -34,7 +36,7 @@ func setup(t *testing.T) *bundle {
 	url := testenv.AMQP(t)
 	prefix := testenv.Name("dbtest")
 	b := &bundle{tb: t, top: map[string]bool{}, cfg: Config{
-		URL: url, Prefix: prefix, Unit: testUnit, Depth: testDepth,
+		URL: url, Prefix: prefix, Unit: testUnit, Depth: testDepth, Lead: testLead,
 		ConnectionName: prefix, ReconnectMax: time.Second,
 	}}
 	t.Cleanup(b.deleteTopology)
