@@ -35,8 +35,10 @@ type metrics struct {
 	stuck    *prometheus.CounterVec
 	outcomes *prometheus.CounterVec
 
-	// outbox exports the outbox's counts; nil without a database.
-	outbox *outboxCollector
+	// outbox exports the outbox's counts, unconsumed the overdue topics
+	// without a live consumer; nil without a database.
+	outbox     *outboxCollector
+	unconsumed *unconsumedCollector
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
@@ -65,7 +67,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 			return outbox.ReadStats(ctx, db, now, grace, 0)
 		}
 		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
-		m.reg.MustRegister(m.outbox)
+		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: maxTopicSeries}
+		m.reg.MustRegister(m.outbox, m.unconsumed)
 	}
 	return m
 }

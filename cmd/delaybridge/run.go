@@ -76,6 +76,7 @@ back (up to --drain) and exits 0.`,
 			}
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
+			m.unconsumed.maxTopics = mTopics
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {
@@ -87,6 +88,13 @@ back (up to --drain) and exits 0.`,
 			}
 			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Logger: a.log})
 			stats := outbox.NewStatsRefresher(db, outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log})
+
+			// Record this relay's topology and warn of consumers that use another.
+			presence, err := a.announce(ctx, db, &bf, outbox.RoleRelay)
+			if err != nil {
+				return err
+			}
+			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
 
 			ln, err := a.listenHTTP(httpAddr)
 			if err != nil {
