@@ -45,7 +45,7 @@ public final class OrderProducer {
         if (args.length >= 2 && args[0].equals("pay")) {
             try (Connection c = connect()) {
                 for (int i = 1; i < args.length; i++) {
-                    System.out.println((pay(c, args[i]) ? "paid " : "too late to pay ") + args[i]);
+                    System.out.println((pay(c, args[i]) ? "paid " : "no unpaid order (timed out already, or never created): ") + args[i]);
                 }
             }
             return;
@@ -105,7 +105,8 @@ public final class OrderProducer {
     /**
      * Pays an order: cancels its task first (the consumer locks the task row before the order row,
      * and the same order everywhere avoids deadlocks), then marks the order paid, in one transaction.
-     * Returns false when the timeout won the race: the task is done and the order cancelled.
+     * Returns false, changing nothing, when there is no unpaid order of that id: the timeout won the
+     * race (the task is done and the order cancelled), or the order never existed.
      */
     static boolean pay(Connection c, String id) throws SQLException {
         long now = Instant.now().toEpochMilli();
