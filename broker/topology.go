@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Topology is how a process meets its broker: the adapter and the settings
@@ -24,16 +25,23 @@ type Topology struct {
 // LimitSettings returns the settings Limits adds to a Topology: max_hop
 // and, with levels, levels. Precision is left out: it is how exactly one
 // process waits, and processes may differ in it harmlessly.
+//
+// With levels, max_hop is the longest level a hop may use, so limits that
+// allow the same levels compare equal however MaxHop spells it (0, or any
+// value at or above the last level).
 func LimitSettings(l Limits) map[string]string {
-	out := map[string]string{"max_hop": l.MaxHop.String()}
 	if len(l.Levels) > 0 {
 		lv := make([]string, len(l.Levels))
+		usable := time.Duration(0)
 		for i, d := range l.Levels {
 			lv[i] = d.String()
+			if l.MaxHop == 0 || d <= l.MaxHop {
+				usable = d
+			}
 		}
-		out["levels"] = strings.Join(lv, " ")
+		return map[string]string{"max_hop": usable.String(), "levels": strings.Join(lv, " ")}
 	}
-	return out
+	return map[string]string{"max_hop": l.MaxHop.String()}
 }
 
 // String renders t as "rabbit depth=26 mode=ladder …", settings sorted.

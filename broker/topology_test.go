@@ -27,10 +27,18 @@ func TestTopologyDiff_NamesBothValuesOfSharedSettings(t *testing.T) {
 	}
 }
 
-func TestLimitSettings_IncludeLevelsOnlyWhenSet(t *testing.T) {
-	s := broker.LimitSettings(broker.Limits{MaxHop: time.Hour, Levels: []time.Duration{time.Second, 5 * time.Second}})
-	if s["max_hop"] != "1h0m0s" || s["levels"] != "1s 5s" {
+func TestLimitSettings_LevelsAndTheLongestUsableHop(t *testing.T) {
+	levels := []time.Duration{time.Second, 5 * time.Second, time.Minute}
+	s := broker.LimitSettings(broker.Limits{MaxHop: 72 * time.Hour, Levels: levels})
+	if s["max_hop"] != "1m0s" || s["levels"] != "1s 5s 1m0s" {
 		t.Fatalf("LimitSettings = %v", s)
+	}
+	// MaxHop 0 (all levels) and MaxHop above the last level are the same limits.
+	if z := broker.LimitSettings(broker.Limits{Levels: levels}); z["max_hop"] != s["max_hop"] {
+		t.Fatalf("max_hop %s with MaxHop 0, %s with 72h", z["max_hop"], s["max_hop"])
+	}
+	if c := broker.LimitSettings(broker.Limits{MaxHop: 10 * time.Second, Levels: levels}); c["max_hop"] != "5s" {
+		t.Fatalf("max_hop %s with MaxHop 10s, want the 5s level", c["max_hop"])
 	}
 	if _, ok := broker.LimitSettings(broker.Limits{MaxHop: time.Hour})["levels"]; ok {
 		t.Fatal("levels set without levels")
