@@ -67,7 +67,7 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 			return outbox.ReadStats(ctx, db, now, grace, 0)
 		}
 		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
-		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: maxTopicSeries}
+		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: &m.outbox.maxTopics}
 		m.reg.MustRegister(m.outbox, m.unconsumed)
 	}
 	return m

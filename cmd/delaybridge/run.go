@@ -76,7 +76,6 @@ back (up to --drain) and exits 0.`,
 			}
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
-			m.unconsumed.maxTopics = mTopics
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: lookahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: m.relayHooks(), Logger: a.log})
 			if err != nil {

@@ -60,7 +60,7 @@ type unconsumedCollector struct {
 	db        *sql.DB
 	grace     time.Duration
 	log       *slog.Logger
-	maxTopics int
+	maxTopics *int // the outbox collector's bound (run --metrics-topics)
 }
 
 func (c *unconsumedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descUnconsumed }
@@ -74,7 +74,7 @@ func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
 		c.log.Warn("delaybridge metrics: reading unconsumed topics failed", "err", err)
 		return
 	}
-	for topic, n := range capTopics(topics, c.maxTopics) {
+	for topic, n := range capTopics(topics, *c.maxTopics) {
 		ch <- prometheus.MustNewConstMetric(descUnconsumed, prometheus.GaugeValue, float64(n), topic)
 	}
 }
