@@ -39,6 +39,7 @@ type Client struct {
 	stopped  bool
 	conn     *Connection
 	consumer *broker.Consumer
+	presence *outbox.Announcement
 	stopBg   context.CancelFunc
 	bg       sync.WaitGroup
 }
@@ -151,6 +152,22 @@ func (c *Client) Start(ctx context.Context) (err error) {
 				return fmt.Errorf("delaybridge: create topics on %s: %w", c.cfg.RocketBrokerAddr, err)
 			}
 		}
+		// Record this consumer and its topology, and refuse to start when a
+		// live relay or consumer uses another prefix, group or ladder.
+		topo, err := c.cfg.Topology()
+		if err != nil {
+			return err
+		}
+		presence, err := outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics},
+			outbox.PresenceConfig{Logger: c.cfg.Logger})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				_ = presence.Close(context.Background())
+			}
+		}()
 		handlers := c.handlers
 		cc := c.cfg.Consumer
 		cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
@@ -168,7 +185,7 @@ func (c *Client) Start(ctx context.Context) (err error) {
 			_ = consumer.Close(context.Background())
 			return err
 		}
-		c.consumer = consumer
+		c.consumer, c.presence = consumer, presence
 	}
 	if err := c.startBackground(conn); err != nil {
 		if c.consumer != nil {
@@ -242,6 +259,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	var err error
 	if c.consumer != nil {
 		err = c.consumer.Close(ctx)
+	}
+	if c.presence != nil {
+		_ = c.presence.Close(context.WithoutCancel(ctx))
 	}
 	if c.conn != nil {
 		c.conn.Close()

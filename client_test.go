@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,5 +135,40 @@ func TestClient_StopPastItsDeadlineRollsTheHandlerBack(t *testing.T) {
 	info, err := c.Get(b.ctx, b.db, "stuck", "k1")
 	if err != nil || info.State == outbox.StateDone {
 		t.Fatalf("task after an abandoned handler: %+v, %v; want not done", info, err)
+	}
+}
+
+func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
+	b := setup(t)
+	noop := func(context.Context, *sql.Tx, *broker.Message) error { return nil }
+	first, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Handle("shop-cancel", noop); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop(b.ctx)
+
+	other := b.cfg
+	other.RabbitPrefix, other.Relay = testenv.Name("shop"), nil
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, other.AMQPURL, other.RabbitPrefix) })
+	second, err := delaybridge.NewClient(b.db, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Handle("shop-cancel", noop); err != nil {
+		t.Fatal(err)
+	}
+	err = second.Start(b.ctx)
+	if !errors.Is(err, outbox.ErrTopologyMismatch) {
+		_ = second.Stop(b.ctx)
+		t.Fatalf("Start with prefix %q beside a consumer on %q = %v; want ErrTopologyMismatch", other.RabbitPrefix, b.cfg.RabbitPrefix, err)
+	}
+	if !strings.Contains(err.Error(), other.RabbitPrefix) || !strings.Contains(err.Error(), b.cfg.RabbitPrefix) {
+		t.Errorf("error %q does not name both prefixes", err)
 	}
 }

@@ -367,3 +367,23 @@ func (c Config) Check() error {
 	}
 	return fmt.Errorf("--broker %q: want rabbit or rocket", c.Broker)
 }
+
+// Topology is how these settings meet the broker, as the presence table
+// records it (outbox.Announce).
+func (c Config) Topology() (broker.Topology, error) {
+	switch c.Broker {
+	case "rabbit":
+		cfg, err := c.RabbitConfig()
+		if err != nil {
+			return broker.Topology{}, err
+		}
+		return cfg.Topology()
+	case "rocket":
+		cfg, err := c.RocketConfig()
+		if err != nil {
+			return broker.Topology{}, err
+		}
+		return cfg.Topology()
+	}
+	return broker.Topology{}, fmt.Errorf("--broker %q: want rabbit or rocket", c.Broker)
+}

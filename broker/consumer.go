@@ -13,8 +13,9 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Handler runs one due message. Returning nil acks it; an error retries it
-// later, or sends it to dead when wrapped by Permanent or out of attempts.
+// Handler runs one due message. Returning nil acks it as applied, and an
+// error from Skip acks it as skipped; any other error retries it later, or
+// sends it to dead when wrapped by Permanent or out of attempts.
 // The context is cancelled at the handler timeout and on a forced shutdown.
 type Handler func(ctx context.Context, m *Message) error
 
@@ -48,9 +49,16 @@ type Backoff struct {
 // Hooks are called as messages move through the runtime, for metrics. Any of
 // them may be nil. They run on the worker goroutine and must not block.
 type Hooks struct {
-	// Handled is called after the handler succeeded, with its lateness: the
-	// time it started minus DeliverAt, never negative.
+	// Handled is called after the handler applied a message (returned
+	// nil), with its lateness: the time it started minus DeliverAt, never
+	// negative. A message the handler skipped (returned a Skip error: its
+	// task was cancelled, done or rescheduled) does not count.
 	Handled func(topic string, lateness time.Duration)
+	// Settled is called once for every delivery the runtime settled, with
+	// its outcome: applied (after Handled), skipped with the handler's
+	// reason, retried (after Retried) or dead (after Dead). reason is
+	// empty but for skipped.
+	Settled func(topic string, o Outcome, reason string)
 	// Hopped is called after an early message was published again as hop.
 	Hopped func(topic string, hop int)
 	// Retried is called after a failed message was published again for
@@ -518,6 +526,13 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 		if c.cfg.Hooks.Handled != nil {
 			c.cfg.Hooks.Handled(j.topic, max(lateness, 0))
 		}
+		c.settled(j.topic, OutcomeApplied, "")
+	case errors.Is(err, ErrSkipped):
+		// Nothing to do, and nothing that a retry would change: ack, even
+		// on a forced shutdown.
+		c.ack(j)
+		reason, _ := skipReason(err)
+		c.settled(j.topic, OutcomeSkipped, reason)
 	case c.hardCtx.Err() != nil:
 		// Forced shutdown interrupted the handler: give the message back.
 		c.nack(j)
@@ -679,6 +694,14 @@ func (c *Consumer) retry(j job, cause error) {
 	if c.cfg.Hooks.Retried != nil {
 		c.cfg.Hooks.Retried(j.topic, m.Attempt)
 	}
+	c.settled(j.topic, OutcomeRetried, "")
+}
+
+// settled reports a delivery's outcome to the Settled hook.
+func (c *Consumer) settled(topic string, o Outcome, reason string) {
+	if c.cfg.Hooks.Settled != nil {
+		c.cfg.Hooks.Settled(topic, o, reason)
+	}
 }
 
 func (c *Consumer) publish(m *Message) error {
@@ -718,6 +741,7 @@ func (c *Consumer) dead(j job, reason error) {
 	if c.cfg.Hooks.Dead != nil {
 		c.cfg.Hooks.Dead(topic, reason)
 	}
+	c.settled(topic, OutcomeDead, "")
 }
 
 func (c *Consumer) ack(j job) {

@@ -184,11 +184,20 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 }
 
 // Group returns the broker.GroupHandler that runs fn for a group of due
-// messages through HandleGroup: the same fn Handler runs one at a time.
+// messages through HandleGroup: the same fn Handler runs one at a time,
+// with skipped messages reported as Handler reports them.
 func Group(db *sql.DB, fn HandlerFunc) broker.GroupHandler {
 	return func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
-		_, errs, err := HandleGroup(ctx, db, msgs, fn)
-		return errs, err
+		outcomes, errs, err := HandleGroup(ctx, db, msgs, fn)
+		if err != nil {
+			return nil, err
+		}
+		for i, o := range outcomes {
+			if errs[i] == nil {
+				errs[i] = o.asError()
+			}
+		}
+		return errs, nil
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,23 +163,7 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 		}
 	}
 	var groups, largest atomic.Int64
-	var mu sync.Mutex
-	failedOnce := map[string]bool{}
-	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
-		switch m.Key {
-		case "g-5":
-			return broker.Permanent(errors.New("poison"))
-		case "g-9":
-			mu.Lock()
-			first := !failedOnce[m.Key]
-			failedOnce[m.Key] = true
-			mu.Unlock()
-			if first {
-				return errors.New("flaky")
-			}
-		}
-		return cancelOne(ctx, tx, m)
-	}
+	fn := poisonAndFlaky("g-5", "g-9")
 	group := outbox.Group(b.db, fn)
 	c, err := outbox.NewConsumer(b.db, mem, mem, fn, broker.ConsumerConfig{Logger: quiet(), Concurrency: 4,
 		Backoff: broker.Backoff{Initial: 50 * time.Millisecond},

@@ -48,6 +48,35 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
+// SkipReason is the reason a skipped outcome reports to the consumer
+// runtime (broker.Skip), and the metric label it becomes: "done",
+// "cancelled", "stale", "missing" or "dead"; empty for Handled.
+func (o Outcome) SkipReason() string {
+	switch o {
+	case SkippedDone:
+		return "done"
+	case SkippedCancelled:
+		return "cancelled"
+	case SkippedStale:
+		return "stale"
+	case SkippedMissing:
+		return "missing"
+	case SkippedDead:
+		return "dead"
+	}
+	return ""
+}
+
+// asError is what a broker.Handler returns for outcome o: nil for
+// Handled, a broker.Skip error naming the reason for the rest, so the
+// runtime acks either and its hooks tell them apart.
+func (o Outcome) asError() error {
+	if r := o.SkipReason(); r != "" {
+		return broker.Skip(r)
+	}
+	return nil
+}
+
 // Handle runs fn for the task behind msg and marks the task done, in ONE
 // transaction: it locks the task row, skips (and reports why) when the task
 // is done, cancelled, dead, missing or of a newer generation than msg,
@@ -115,11 +144,15 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 
 // Handler adapts fn into a broker.Handler that runs it through Handle, so
 // the consumer runtime acks only after the commit and skips what is no
-// longer wanted.
+// longer wanted. A skipped message returns a broker.Skip error naming why
+// (Outcome.SkipReason), which the runtime acks and reports as skipped.
 func Handler(db *sql.DB, fn HandlerFunc) broker.Handler {
 	return func(ctx context.Context, m *broker.Message) error {
-		_, err := Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
-		return err
+		o, err := Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
+		if err != nil {
+			return err
+		}
+		return o.asError()
 	}
 }
 

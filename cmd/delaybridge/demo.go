@@ -101,6 +101,11 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if err := cl.ensure(ctx, ordertimeout.Topic, broker.DefaultDeadTopic); err != nil {
 				return err
 			}
+			presence, err := a.announce(ctx, db, &bf, outbox.RoleConsumer, ordertimeout.Topic)
+			if err != nil {
+				return err
+			}
+			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
 			if err := consumer.Start(ctx, ordertimeout.Topic); err != nil {
 				return err
 			}

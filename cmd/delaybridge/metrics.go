@@ -33,9 +33,12 @@ type metrics struct {
 	retries  *prometheus.CounterVec
 	dead     *prometheus.CounterVec
 	stuck    *prometheus.CounterVec
+	outcomes *prometheus.CounterVec
 
-	// outbox exports the outbox's counts; nil without a database.
-	outbox *outboxCollector
+	// outbox exports the outbox's counts, unconsumed the overdue topics
+	// without a live consumer; nil without a database.
+	outbox     *outboxCollector
+	unconsumed *unconsumedCollector
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
@@ -53,7 +56,10 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_retries_total", Help: "Failed handler runs scheduled for a retry."}, []string{"topic"})
 	m.dead = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_dead_total", Help: "Messages the runtime gave up on."}, []string{"topic"})
 	m.stuck = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_stuck_handlers_total", Help: "Handlers abandoned because they ran past HandlerTimeout plus HandlerGrace."}, []string{"topic"})
-	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck,
+	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_outcomes_total",
+		Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead)."},
+		[]string{"topic", "outcome", "reason"})
+	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		// No lateness window: the consumers export lateness themselves.
@@ -61,7 +67,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 			return outbox.ReadStats(ctx, db, now, grace, 0)
 		}
 		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
-		m.reg.MustRegister(m.outbox)
+		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: &m.outbox.maxTopics}
+		m.reg.MustRegister(m.outbox, m.unconsumed)
 	}
 	return m
 }
@@ -91,7 +98,21 @@ func (m *metrics) consumerHooks() broker.Hooks {
 		Retried: func(topic string, _ int) { m.retries.WithLabelValues(topic).Inc() },
 		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
 		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
+		Settled: func(topic string, o broker.Outcome, reason string) {
+			m.outcomes.WithLabelValues(topic, string(o), skipLabel(reason)).Inc()
+		},
 	}
+}
+
+// skipLabel bounds the reason label to the reasons outbox reports: a
+// custom handler's broker.Skip reason is free text, and a series per text
+// would grow without end.
+func skipLabel(reason string) string {
+	switch reason {
+	case "", "done", "cancelled", "stale", "missing", "dead":
+		return reason
+	}
+	return "other"
 }
 
 // outboxCollector reads the outbox backlog at scrape time: the summary the

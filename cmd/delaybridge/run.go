@@ -101,6 +101,13 @@ back (up to --drain) and exits 0.`,
 			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Duty: cleanDuty, Logger: a.log})
 			stats := outbox.NewStatsRefresher(db, outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log})
 
+			// Record this relay's topology and warn of consumers that use another.
+			presence, err := a.announce(ctx, db, &bf, outbox.RoleRelay)
+			if err != nil {
+				return err
+			}
+			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
+
 			ln, err := a.listenHTTP(httpAddr)
 			if err != nil {
 				return err

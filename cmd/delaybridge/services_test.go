@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,23 +17,8 @@ import (
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
-// syncBuffer is a bytes.Buffer safe to read while a command writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer safe to read while a command writes to it.
+type syncBuffer = testenv.SyncBuffer
 
 // rabbitFlags gives a test its own small ladder, deleted at cleanup.
 func rabbitFlags(t *testing.T) []string {
@@ -136,6 +119,15 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 		t.Error("/metrics exposes a DSN or a task key")
 	}
 	cancel()
+	waitStopped(t, done)
+	if !strings.Contains(out.String(), "delaybridge stopped") {
+		t.Fatalf("stdout %q", out.String())
+	}
+}
+
+// waitStopped waits for a run whose context ended to return nil.
+func waitStopped(t *testing.T, done <-chan error) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -143,9 +135,6 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 		}
 	case <-time.After(40 * time.Second):
 		t.Fatal("run did not stop after its context ended")
-	}
-	if !strings.Contains(out.String(), "delaybridge stopped") {
-		t.Fatalf("stdout %q", out.String())
 	}
 }
 

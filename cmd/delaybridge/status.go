@@ -25,7 +25,10 @@ func newStatusCmd(a *app) *cobra.Command {
 		Use:   "status",
 		Short: "Show the outbox backlog, overdue and dead tasks, and recent lateness",
 		Long: `status shows the outbox backlog by state and topic, the finished tasks kept,
-the oldest pending task, overdue and dead tasks, and recent lateness.
+the oldest pending task, overdue and dead tasks, and recent lateness. It names
+the topics with overdue tasks and no live consumer: consumers announce
+themselves in the database (outbox.Announce), so a topic listed there has no
+consumer running, or one whose broker prefix or group differs from the relay's.
 
 Counting tasks by state and topic reads the whole table, so the counts come from
 a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
@@ -48,10 +51,14 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 					return err
 				}
 			}
+			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return enc.Encode(statusJSON{st, unconsumed})
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STATE\tTOPIC\tTASKS")
@@ -78,6 +85,7 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 					st.CountsAt.Format(time.RFC3339), st.CountsAge.Round(time.Second))
 			}
 			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (published, > %v past due): %d\ndead: %d\n", oldest, grace, st.Overdue, st.Dead)
+			printUnconsumed(a.stdout, unconsumed)
 			l := st.Lateness
 			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
 			return nil

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// topology is the broker topology these flags configure, as the presence
+// table records it.
+func (b *brokerFlags) topology(a *app) (broker.Topology, error) {
+	return b.withLog(a).Topology()
+}
+
+// announce records this process's presence and topology (outbox.Announce):
+// a consumer whose topology differs from a live relay's or consumer's
+// fails here, naming both values; a relay logs the difference.
+func (a *app) announce(ctx context.Context, db *sql.DB, bf *brokerFlags, role outbox.Role, topics ...string) (*outbox.Announcement, error) {
+	topo, err := bf.topology(a)
+	if err != nil {
+		return nil, err
+	}
+	return outbox.Announce(ctx, db, outbox.Presence{Role: role, Topology: topo, Topics: topics}, outbox.PresenceConfig{Logger: a.log})
+}
+
+// presenceExpiry is how long after its last heartbeat a consumer stops
+// counting for status and /metrics: outbox.PresenceConfig's default.
+const presenceExpiry = 3 * outbox.DefaultHeartbeat
+
+var descUnconsumed = prometheus.NewDesc("delaybridge_outbox_unconsumed_overdue_tasks",
+	"Published tasks overdue by more than the grace, of topics no live consumer announced itself for (a consumer with another prefix or group, or none). Counted among the oldest 10,000 overdue tasks.",
+	[]string{"topic"}, nil)
+
+// unconsumedCollector exports outbox.Unconsumed at scrape time: one
+// bounded range of the (state, due_ms) index and the small presence table.
+type unconsumedCollector struct {
+	db        *sql.DB
+	grace     time.Duration
+	log       *slog.Logger
+	maxTopics *int // the outbox collector's bound (run --metrics-topics)
+}
+
+func (c *unconsumedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descUnconsumed }
+
+func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	topics, err := outbox.Unconsumed(ctx, c.db, time.Now(), c.grace, presenceExpiry)
+	if err != nil {
+		// delaybridge_outbox_up already reports an unreadable outbox.
+		c.log.Warn("delaybridge metrics: reading unconsumed topics failed", "err", err)
+		return
+	}
+	for topic, n := range capTopics(topics, *c.maxTopics) {
+		ch <- prometheus.MustNewConstMetric(descUnconsumed, prometheus.GaugeValue, float64(n), topic)
+	}
+}
+
+// statusJSON is status --json: the outbox's figures and the overdue topics
+// without a live consumer.
+type statusJSON struct {
+	*outbox.Stats
+	Unconsumed map[string]int `json:"unconsumed_overdue"`
+}
+
+// printUnconsumed writes status's lines for overdue topics no live
+// consumer announced itself for.
+func printUnconsumed(w io.Writer, topics map[string]int) {
+	names := make([]string, 0, len(topics))
+	for t := range topics {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for _, t := range names {
+		fmt.Fprintf(w, "NO CONSUMER: topic %s has %d overdue tasks and no live consumer (none running, or one whose prefix or group differs from the relay's)\n",
+			printable(t), topics[t])
+	}
+}
