@@ -36,6 +36,8 @@ type metrics struct {
 
 	// outbox exports the outbox's counts; nil without a database.
 	outbox *outboxCollector
+	// shard, when set, labels every series shard=NAME (run --shard-name).
+	shard string
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {

@@ -20,6 +20,7 @@ func newStatusCmd(a *app) *cobra.Command {
 		live   bool
 		grace  time.Duration
 		window time.Duration
+		sf     shardFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -30,9 +31,13 @@ the oldest pending task, overdue and dead tasks, and recent lateness.
 Counting tasks by state and topic reads the whole table, so the counts come from
 a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 --stats-interval), and status says how old they are. Without a summary, or with
---live, status counts the table once itself.`,
+--live, status counts the table once itself.
+
+With --shard NAME=DSN (repeated), status reports every outbox shard in turn,
+each under its name; with --json, one object per shard, its "shard" field
+naming it. A shard it cannot read is reported and the others still are.`,
 		Args: cobra.NoArgs,
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
+		RunE: a.shardRun(&sf, func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
 			var st *outbox.Stats
 			var err error
@@ -51,7 +56,13 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return enc.Encode(struct {
+					Shard string `json:"shard,omitempty"`
+					*outbox.Stats
+				}{shardOf(ctx), st})
+			}
+			if name := shardOf(ctx); name != "" {
+				fmt.Fprintf(a.stdout, "== shard %s\n", name)
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STATE\tTOPIC\tTASKS")
@@ -83,6 +94,7 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 			return nil
 		}),
 	}
+	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary `delaybridge run` keeps (slow on a large outbox)")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
