@@ -24,6 +24,7 @@ type brokerFlags struct {
 	kind string
 
 	amqpURL        string
+	amqpNodes      []string
 	amqpTLS        tlsFlags
 	rabbitMode     string
 	rabbitPref     string
@@ -51,6 +52,7 @@ type brokerFlags struct {
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.kind, "broker", "rabbit", "broker adapter: rabbit or rocket")
 	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
+	fs.StringSliceVar(&b.amqpNodes, "amqp-nodes", nil, "the other nodes of --amqp-url's RabbitMQ cluster as host:port, comma-separated; they take --amqp-url's credentials, vhost and TLS, and every reconnect moves on to the next node that answers")
 	fs.StringVar(&b.rabbitMode, "rabbit-mode", "ladder", "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&b.rabbitPref, "rabbit-prefix", rabbit.DefaultPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares")
 	fs.DurationVar(&b.rabbitUnit, "rabbit-unit", rabbit.DefaultUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
@@ -134,7 +136,7 @@ func parseLevels(s string) ([]time.Duration, error) {
 }
 
 func (b *brokerFlags) rabbitConfig(a *app) (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: b.amqpURL, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, MaxLength: b.rabbitMaxLen, Logger: a.log}
+	cfg := rabbit.Config{URL: b.amqpURL, Nodes: b.amqpNodes, Prefix: b.rabbitPref, Unit: b.rabbitUnit, Depth: b.rabbitDepth, Prefetch: b.rabbitPrefetch, SplitEnvelope: b.rabbitSplit, MaxLength: b.rabbitMaxLen, Logger: a.log}
 	if b.amqpURL == "" {
 		return cfg, notConfigured("amqp-url", "no RabbitMQ configured")
 	}

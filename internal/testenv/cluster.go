@@ -7,6 +7,8 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
@@ -63,4 +65,56 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// RabbitCluster is the 3-node RabbitMQ cluster of scripts/cluster.sh.
+type RabbitCluster struct {
+	// URLs are the nodes' AMQP URLs, node 1 first.
+	URLs []string
+	// Nodes are the Erlang node names, in the same order.
+	Nodes []string
+}
+
+// StartRabbitCluster starts a fresh 3-node RabbitMQ cluster and deletes it
+// at cleanup.
+func StartRabbitCluster(t testing.TB) RabbitCluster {
+	t.Helper()
+	t.Cleanup(func() { Cluster(t, "rabbit", "down") })
+	Cluster(t, "rabbit", "up")
+	var c RabbitCluster
+	for _, line := range strings.Split(Cluster(t, "rabbit", "env"), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		v = strings.Trim(v, "'")
+		switch k {
+		case "DELAYBRIDGE_CLUSTER_AMQP_URLS":
+			c.URLs = strings.Split(v, ",")
+		case "DELAYBRIDGE_CLUSTER_NODES":
+			c.Nodes = strings.Split(v, ",")
+		}
+	}
+	if len(c.URLs) != 3 || len(c.Nodes) != 3 {
+		t.Fatalf("scripts/cluster.sh rabbit env: want 3 URLs and 3 nodes, got %q and %q", c.URLs, c.Nodes)
+	}
+	return c
+}
+
+// Ctl runs rabbitmqctl against node i (0-2) of the cluster.
+func (c RabbitCluster) Ctl(t testing.TB, i int, args ...string) string {
+	t.Helper()
+	return Rabbitmqctl(t, append([]string{"-q", "-n", c.Nodes[i]}, args...)...)
+}
+
+// Kill kills node i (0-2) with SIGKILL; Start brings it back.
+func (c RabbitCluster) Kill(t testing.TB, i int) {
+	t.Helper()
+	Cluster(t, "rabbit", "kill", strconv.Itoa(i+1))
+}
+
+// Start starts node i (0-2) again; it rejoins the cluster.
+func (c RabbitCluster) Start(t testing.TB, i int) {
+	t.Helper()
+	Cluster(t, "rabbit", "start", strconv.Itoa(i+1))
 }
