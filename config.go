@@ -34,6 +34,10 @@ type Config struct {
 
 	// AMQPURL is the RabbitMQ URL, amqps:// for TLS (--amqp-url).
 	AMQPURL string
+	// AMQPNodes are the other nodes of AMQPURL's RabbitMQ cluster as
+	// host:port; they take AMQPURL's credentials, vhost and TLS, and each
+	// reconnect moves on to the next node that answers (--amqp-nodes).
+	AMQPNodes []string
 	// AMQPTLS is RabbitMQ's TLS client setup (--amqp-tls-*).
 	AMQPTLS TLSFiles
 	// RabbitMode is "ladder" (no plugin) or "delayed-exchange"
@@ -199,6 +203,7 @@ func RegisterDatabaseFlags(fs *pflag.FlagSet, dsn *string, tls *TLSFiles) {
 func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Broker, "broker", c.Broker, "broker adapter: rabbit or rocket")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
+	fs.StringSliceVar(&c.AMQPNodes, "amqp-nodes", c.AMQPNodes, "the other nodes of --amqp-url's RabbitMQ cluster as host:port, comma-separated; they take --amqp-url's credentials, vhost and TLS, and every reconnect moves on to the next node that answers")
 	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&c.RabbitPrefix, "rabbit-prefix", c.RabbitPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
 	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
@@ -267,7 +272,7 @@ func (e *NotConfiguredError) Error() string {
 
 // RabbitConfig returns the rabbit adapter's configuration.
 func (c Config) RabbitConfig() (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: c.AMQPURL, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, SplitEnvelope: c.RabbitSplitEnvelope, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
+	cfg := rabbit.Config{URL: c.AMQPURL, Nodes: c.AMQPNodes, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, SplitEnvelope: c.RabbitSplitEnvelope, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
 	if c.AMQPURL == "" {
 		return cfg, &NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
 	}

@@ -442,12 +442,7 @@ func TestFaults_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 	testenv.RocketMQ(t)
 
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "delaybridge")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/delaybridge")
-	build.Dir = testenv.ModuleRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildDelaybridge(t)
 	logDir := os.Getenv("DELAYBRIDGE_FAULT_LOGS")
 	if logDir == "" {
 		logDir = dir

@@ -51,20 +51,26 @@ func newFlow(t testing.TB) *flow {
 // order writes an unpaid order and its cancellation task in one transaction.
 func (f *flow) order(t testing.TB, id string, due time.Time) {
 	t.Helper()
+	if err := f.tryOrder(id, due); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryOrder is order for a goroutine other than the test's: it returns the
+// error.
+func (f *flow) tryOrder(id string, due time.Time) error {
 	tx, err := f.db.Begin()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer tx.Rollback() //nolint:errcheck
 	if _, err := tx.Exec("INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if _, err := outbox.Schedule(f.ctx, tx, outbox.Task{Topic: f.topic, Key: id, DueAt: due}); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	return tx.Commit()
 }
 
 // handler cancels the order if unpaid, counting every applied effect, and

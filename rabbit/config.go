@@ -120,6 +120,12 @@ type Config struct {
 	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost, or
 	// amqps://… for TLS. Required.
 	URL string
+	// Nodes lists the other nodes of URL's cluster as host:port; URL's
+	// scheme, user, password, vhost and query apply to each. A connection
+	// goes to the first node that answers, and every reconnect starts at the
+	// node after the last one reached, so a client whose node died moves on
+	// to the next. Default none: URL's node only.
+	Nodes []string
 	// TLS configures the TLS of an amqps:// URL: the CA that verifies the
 	// server and the client certificate, if any. Nil means what the URL's
 	// query says (amqp091-go reads cacertfile, certfile, keyfile and
@@ -189,6 +195,9 @@ type Config struct {
 	// type; zero means MaxDelayedExchangeHop and the plugin's type.
 	delayedMaxHop time.Duration
 	delayedType   string
+	// ring is URL and Nodes in dial order, made by withDefaults and shared
+	// by the copies of one client's Config.
+	ring *nodeRing
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -200,6 +209,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLS != nil && !strings.HasPrefix(strings.ToLower(c.URL), "amqps://") {
 		return c, errors.New("rabbit: Config.TLS needs an amqps:// URL")
+	}
+	if c.ring == nil {
+		ring, err := newNodeRing(c.URL, c.Nodes)
+		if err != nil {
+			return c, err
+		}
+		c.ring = ring
 	}
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix

@@ -27,24 +27,41 @@ var ErrNacked = errors.New("rabbit: broker nacked the publish (queue full or int
 // queue was bound for it.
 var ErrUnroutable = errors.New("rabbit: message unroutable")
 
-// dial opens one connection named after cfg.ConnectionName and role.
+// dial opens one connection named after cfg.ConnectionName and role, to
+// the first node of cfg's ring that answers (see nodeRing).
 func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(cfg.ConnectionName + " " + role)
-	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
-		Heartbeat:  cfg.Heartbeat,
-		Properties: props,
-		Dial:       writeBehindDial(cfg.DialTimeout),
-		// amqp091-go writes the server name into the config it is given.
-		TLSClientConfig: cfg.TLS.Clone(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("rabbit: dial: %w", err)
+	ring := cfg.ring
+	if ring == nil { // a Config that did not go through withDefaults
+		ring = &nodeRing{urls: []string{cfg.URL}}
 	}
-	return conn, nil
+	urls, first := ring.order()
+	var errs []error
+	for i, u := range urls {
+		conn, err := amqp.DialConfig(u, amqp.Config{
+			Heartbeat:  cfg.Heartbeat,
+			Properties: props,
+			Dial:       writeBehindDial(cfg.DialTimeout),
+			// amqp091-go writes the server name into the config it is given.
+			TLSClientConfig: cfg.TLS.Clone(),
+		})
+		if err == nil {
+			ring.reached(first, i)
+			return conn, nil
+		}
+		if len(urls) == 1 {
+			return nil, fmt.Errorf("rabbit: dial: %w", err)
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", RedactURL(u), err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("rabbit: dial: no node answered: %w", errors.Join(errs...))
 }
 
 // writeBehindDial dials like amqp.DefaultDial and wraps the socket in a

@@ -19,7 +19,7 @@ func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {
 // database the SKIP LOCKED probe has no schema to probe and says so.
 func TestRun_RefusesADatabaseItCannotProbe(t *testing.T) {
 	_, bare := testenv.ScratchDB(t)
-	_, _, err := run(t, append([]string{"run", "--mysql-dsn", bare, "--http", freeAddr(t), "--log-level", "error"}, rabbitFlags(t)...)...)
+	_, _, err := run(t, append([]string{"run", "--mysql-dsn", bare, "--http", testenv.FreeAddr(t), "--log-level", "error"}, rabbitFlags(t)...)...)
 	if err == nil || !strings.Contains(err.Error(), "SKIP LOCKED probe needs the migrated schema (run delaybridge migrate)") {
 		t.Fatalf("run on an unmigrated database: %v", err)
 	}

@@ -30,24 +30,27 @@ type report struct {
 	a      *app
 	failed int
 	warned int
+	// scope starts every line: "shard NAME: " while a shard is checked.
+	scope string
 }
 
 func (r *report) ok(format string, args ...any) {
-	fmt.Fprintf(r.a.stdout, "OK    "+format+"\n", args...)
+	fmt.Fprintf(r.a.stdout, "OK    "+r.scope+format+"\n", args...)
 }
 
 func (r *report) warn(format string, args ...any) {
 	r.warned++
-	fmt.Fprintf(r.a.stdout, "WARN  "+format+"\n", args...)
+	fmt.Fprintf(r.a.stdout, "WARN  "+r.scope+format+"\n", args...)
 }
 
 func (r *report) fail(format string, args ...any) {
 	r.failed++
-	fmt.Fprintf(r.a.stdout, "FAIL  "+format+"\n", args...)
+	fmt.Fprintf(r.a.stdout, "FAIL  "+r.scope+format+"\n", args...)
 }
 
 func newDoctorCmd(a *app) *cobra.Command {
 	var bf brokerFlags
+	var sf shardFlags
 	var probe time.Duration
 	cmd := &cobra.Command{
 		Use:   "doctor",
@@ -65,8 +68,9 @@ API, as run reads them) against --rocketmq-max-delay, --rocketmq-precision and
 just past it
 (probes that stay in the broker's timer store until then, on the topic
 delaybridge-doctor), and the measured delivery precision of a short probe.
-Every line starts with OK, WARN or FAIL; the exit code is 1 when any check
-failed.`,
+With --shard NAME=DSN (repeated), the database checks run on every outbox
+shard, each line naming its shard. Every line starts with OK, WARN or FAIL;
+the exit code is 1 when any check failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -74,7 +78,16 @@ failed.`,
 			for _, w := range bf.warnings() {
 				r.warn("%s", w)
 			}
-			checkDatabase(ctx, a, r)
+			if err := a.eachShard(ctx, &sf, func(ctx context.Context, name string) error {
+				if name != "" {
+					r.scope = "shard " + name + ": "
+				}
+				checkDatabase(ctx, a, r)
+				r.scope = ""
+				return nil
+			}); err != nil {
+				r.fail("%v", err)
+			}
 			switch bf.Broker {
 			case "rabbit":
 				checkRabbit(ctx, a, &bf, r)
@@ -91,6 +104,7 @@ failed.`,
 		},
 	}
 	bf.register(cmd.Flags())
+	sf.register(cmd.Flags())
 	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe")
 	return cmd
 }

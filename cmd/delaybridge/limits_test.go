@@ -22,7 +22,7 @@ func TestRun_ReadsRocketMQLimitsFromTheBroker(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	root := newRootCmd()
-	root.SetArgs(append(base, "--http", freeAddr(t)))
+	root.SetArgs(append(base, "--http", testenv.FreeAddr(t)))
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	done := make(chan error, 1)
@@ -46,7 +46,7 @@ func TestRun_ReadsRocketMQLimitsFromTheBroker(t *testing.T) {
 		t.Errorf("run did not take the broker's 1h / 100ms:\n%s", log)
 	}
 
-	_, _, err := run(t, append(base, "--http", freeAddr(t), "--rocketmq-max-delay", "72h")...)
+	_, _, err := run(t, append(base, "--http", testenv.FreeAddr(t), "--rocketmq-max-delay", "72h")...)
 	if err == nil || !strings.Contains(err.Error(), "configured max hop 72h0m0s, the broker's timerMaxDelaySec is 1h0m0s") {
 		t.Errorf("run with --rocketmq-max-delay 72h on a 1h broker: %v", err)
 	}

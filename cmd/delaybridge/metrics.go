@@ -39,6 +39,8 @@ type metrics struct {
 	// without a live consumer; nil without a database.
 	outbox     *outboxCollector
 	unconsumed *unconsumedCollector
+	// shard, when set, labels every series shard=NAME (run --shard-name).
+	shard string
 }
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {

@@ -37,6 +37,7 @@ func newRunCmd(a *app) *cobra.Command {
 		maxBytes  int64
 		statsEach time.Duration
 		mTopics   int
+		shardName string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -62,6 +63,12 @@ back (up to --drain) and exits 0.`,
 			defer stop()
 			if err := bf.check(a); err != nil {
 				return err
+			}
+			if shardName != "" && !validShardName(shardName) {
+				return fmt.Errorf("--shard-name %q: want 1-64 of [A-Za-z0-9_-]", shardName)
+			}
+			if shardName != "" {
+				a.log = a.log.With("shard", shardName)
 			}
 			db, err := a.openDB(ctx)
 			if err != nil {
@@ -89,6 +96,7 @@ back (up to --drain) and exits 0.`,
 			if err != nil {
 				return err
 			}
+			m.shard = shardName
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.relayHooks(), a.log, 0), Logger: a.log})
 			if err != nil {
@@ -173,6 +181,7 @@ back (up to --drain) and exits 0.`,
 	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
 	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "how long one batch's publish may take before its rows are retried later; no database lock is held meanwhile")
 	f.IntVar(&mTopics, "metrics-topics", maxTopicSeries, "the most topics /metrics reports each state's tasks for; the rest are summed under topic=\"(other)\"")
+	f.StringVar(&shardName, "shard-name", "", "the outbox shard this daemon serves, for a sharded database (one daemon per shard, see docs/deployment.md): labels its logs and every metric shard=NAME")
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
 	return cmd
 }
@@ -200,7 +209,7 @@ func (a *app) serveMetrics(addr string, m *metrics, db *sql.DB, brokerAddr strin
 // httpHandler serves metrics and health.
 func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(shardGatherer(m.reg, m.shard), promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

@@ -338,7 +338,7 @@ func (s *secretsEnv) checkRun(t *testing.T, env []string, pool *sql.DB, brokerKi
 	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "sec", Key: key, DueAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	var out syncBuffer
 	cmd := exec.Command(s.bin, append([]string{"run", "--http", addr, "--grace", "1s"}, args...)...)
 	cmd.Env = env

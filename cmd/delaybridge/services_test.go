@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -36,16 +35,6 @@ func rocketFlags(t *testing.T) []string {
 		"--rocketmq-group-prefix", testenv.Name("cli")}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -68,7 +57,7 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "later", DueAt: time.Now().Add(7 * 24 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer

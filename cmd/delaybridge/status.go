@@ -20,6 +20,7 @@ func newStatusCmd(a *app) *cobra.Command {
 		live   bool
 		grace  time.Duration
 		window time.Duration
+		sf     shardFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -33,9 +34,13 @@ consumer running, or one whose broker prefix or group differs from the relay's.
 Counting tasks by state and topic reads the whole table, so the counts come from
 a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 --stats-interval), and status says how old they are. Without a summary, or with
---live, status counts the table once itself.`,
+--live, status counts the table once itself.
+
+With --shard NAME=DSN (repeated), status reports every outbox shard in turn,
+each under its name; with --json, one object per shard, its "shard" field
+naming it. A shard it cannot read is reported and the others still are.`,
 		Args: cobra.NoArgs,
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
+		RunE: a.shardRun(&sf, func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
 			var st *outbox.Stats
 			var err error
@@ -58,7 +63,10 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusJSON{st, unconsumed})
+				return enc.Encode(statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed})
+			}
+			if name := shardOf(ctx); name != "" {
+				fmt.Fprintf(a.stdout, "== shard %s\n", name)
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STATE\tTOPIC\tTASKS")
@@ -91,6 +99,7 @@ a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
 			return nil
 		}),
 	}
+	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary `delaybridge run` keeps (slow on a large outbox)")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")

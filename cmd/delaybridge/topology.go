@@ -68,6 +68,7 @@ func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
 // statusJSON is status --json: the outbox's figures and the overdue topics
 // without a live consumer.
 type statusJSON struct {
+	Shard string `json:"shard,omitempty"`
 	*outbox.Stats
 	Unconsumed map[string]int `json:"unconsumed_overdue"`
 }

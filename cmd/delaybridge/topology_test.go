@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"io"
 	"log/slog"
 	"strings"
@@ -41,7 +42,7 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	}
 	defer early.Close(ctx) //nolint:errcheck
 
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var out, errOut syncBuffer

@@ -163,25 +163,46 @@ func Name(prefix string) string {
 // pool on it and its DSN, and drops it at cleanup.
 func ScratchDB(t testing.TB) (*sql.DB, string) {
 	t.Helper()
-	admin := MySQL(t)
-	name := fmt.Sprintf("delaybridge_t%d", rand.Uint64()%1_000_000_000_000)
-	if _, err := admin.ExecContext(context.Background(), "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create scratch database: %v", err)
-	}
-	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name) })
-	cfg, err := mysql.ParseDSN(MySQLDSN())
+	return ScratchDBAt(t, MySQLDSN())
+}
+
+// ScratchDBAt is ScratchDB on the server of dsn (an outbox shard of its
+// own): its database is made next to dsn's, with dsn's user.
+func ScratchDBAt(t testing.TB, dsn string) (*sql.DB, string) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), reachTimeout)
+	defer cancel()
+	if err := admin.PingContext(ctx); err != nil {
+		Unreachable(t, "MariaDB", cfg.Addr, err)
+	}
+	name := fmt.Sprintf("delaybridge_t%d", rand.Uint64()%1_000_000_000_000)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create scratch database: %v", err)
+	}
 	cfg.DBName = name
-	dsn := cfg.FormatDSN()
-	db, err := sql.Open("mysql", dsn)
+	scratch := cfg.FormatDSN()
+	db, err := sql.Open("mysql", scratch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(32)
-	t.Cleanup(func() { _ = db.Close() })
-	return db, dsn
+	t.Cleanup(func() {
+		_ = db.Close()
+		if admin, err := sql.Open("mysql", dsn); err == nil {
+			_, _ = admin.Exec("DROP DATABASE IF EXISTS " + name)
+			_ = admin.Close()
+		}
+	})
+	return db, scratch
 }
 
 // DeleteRabbitPrefix deletes every queue and exchange whose name starts

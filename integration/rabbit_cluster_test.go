@@ -1,0 +1,211 @@
+package integration
+
+// RabbitMQ as users run it: a 3-node cluster (scripts/cluster.sh rabbit,
+// started for this test only) whose quorum queues hold the ladder and the
+// topic queues. The node leading the busiest queue is killed with kill -9
+// while tasks flow.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// clusterQueue is one row of rabbitmqctl list_queues name leader members
+// online --formatter json.
+type clusterQueue struct {
+	Name    string   `json:"name"`
+	Leader  string   `json:"leader"`
+	Members []string `json:"members"`
+	Online  []string `json:"online"`
+}
+
+func clusterQueues(t *testing.T, c testenv.RabbitCluster, via int, prefix string) []clusterQueue {
+	t.Helper()
+	var all, out []clusterQueue
+	raw := c.Ctl(t, via, "list_queues", "name", "leader", "members", "online", "--formatter", "json")
+	if err := json.Unmarshal([]byte(raw), &all); err != nil {
+		t.Fatalf("list_queues: %v\n%s", err, raw)
+	}
+	for _, q := range all {
+		if strings.HasPrefix(q.Name, prefix+".") {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
+	testenv.SkipIfShort(t, "starts a 3-node RabbitMQ cluster and kills a node")
+	cl := testenv.StartRabbitCluster(t)
+	var nodes []string
+	for _, raw := range cl.URLs[1:] {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, u.Host)
+	}
+	prefix := testenv.Name("cl")
+	cfg := rabbit.Config{URL: cl.URLs[0], Nodes: nodes, Prefix: prefix, Unit: faultRabbitUnit, Depth: faultRabbitDepth,
+		ConnectionName: prefix, Logger: quiet()}
+
+	f := newFlow(t)
+	pub, sub := rabbitClients(t, cfg)
+	f.consume(t, pub, sub)
+	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: 10 * time.Second, Interval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{r.Run, sc.Run} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = run(ctx) }()
+	}
+	t.Cleanup(func() { stop(); wg.Wait() })
+
+	// The order service: 40 orders a second, each due 1-4 s later (so the
+	// later ones go through two ladder levels).
+	var (
+		mu  sync.Mutex
+		due = map[string]time.Time{}
+		n   atomic.Int64
+	)
+	produce, stopProducing := context.WithCancel(context.Background())
+	defer stopProducing()
+	var producing sync.WaitGroup
+	producing.Add(1)
+	go func() {
+		defer producing.Done()
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-produce.Done():
+				return
+			case <-tick.C:
+			}
+			i := n.Load() + 1
+			key := fmt.Sprintf("c-%06d", i)
+			at := time.Now().Add(time.Second + time.Duration(i*7919%3000)*time.Millisecond)
+			if err := f.tryOrder(key, at); err != nil {
+				t.Errorf("order %s: %v", key, err)
+				return
+			}
+			n.Store(i)
+			mu.Lock()
+			due[key] = at
+			mu.Unlock()
+		}
+	}()
+
+	time.Sleep(6 * time.Second)
+	// Every queue of the ladder and the topic is a quorum queue on all three.
+	qs := clusterQueues(t, cl, 0, prefix)
+	if len(qs) < faultRabbitDepth+1 {
+		t.Fatalf("%d queues under %s, want at least %d ladder levels and the topic's", len(qs), prefix, faultRabbitDepth)
+	}
+	leads := map[string]int{}
+	var victim string
+	for _, q := range qs {
+		if len(q.Members) != 3 {
+			t.Errorf("queue %s has members %v, want all three nodes", q.Name, q.Members)
+		}
+		leads[q.Leader]++
+		if q.Name == prefix+".q."+f.topic { // every task passes through it
+			victim = q.Leader
+		}
+	}
+	vi := slices.Index(cl.Nodes, victim)
+	if vi < 0 {
+		t.Fatalf("the topic queue's leader %q is not a cluster node %v", victim, cl.Nodes)
+	}
+	t.Logf("%d queues, leaders %v; killing %s, leader of the topic queue", len(qs), leads, victim)
+	before := time.Now()
+	cl.Kill(t, vi)
+	killed := time.Now()
+
+	time.Sleep(15 * time.Second)
+	stopProducing()
+	producing.Wait()
+	total := int(n.Load())
+	f.waitDone(t, total, 2*time.Minute)
+	f.checkOnce(t, total)
+
+	// The killed leader's queues have a new one; every queue keeps its
+	// three members, two of them online.
+	live := (vi + 1) % 3
+	for _, q := range clusterQueues(t, cl, live, prefix) {
+		if q.Leader == victim || len(q.Members) != 3 || len(q.Online) != 2 {
+			t.Errorf("after the kill, queue %s: leader %s, members %v, online %v", q.Name, q.Leader, q.Members, q.Online)
+		}
+	}
+
+	// Lateness: normal is the p99 of tasks due before the kill; it is back
+	// to normal after the last task due later than the kill that was late
+	// by more than twice that (and more than 500 ms).
+	type sample struct {
+		due  time.Time
+		late time.Duration
+	}
+	var samples []sample
+	f.mu.Lock()
+	mu.Lock()
+	for key, at := range f.handled {
+		samples = append(samples, sample{due[key], at.Sub(due[key])})
+	}
+	mu.Unlock()
+	f.mu.Unlock()
+	sort.Slice(samples, func(i, j int) bool { return samples[i].due.Before(samples[j].due) })
+	var normal []time.Duration
+	for _, s := range samples {
+		if s.due.Before(before) {
+			normal = append(normal, s.late)
+		}
+	}
+	slices.Sort(normal)
+	if len(normal) == 0 {
+		t.Fatal("no task was due before the kill")
+	}
+	p99 := normal[len(normal)*99/100]
+	limit := max(2*p99, 500*time.Millisecond)
+	var lastLate time.Time
+	var worst time.Duration
+	for _, s := range samples {
+		if s.due.After(killed) && s.late > limit {
+			lastLate = s.due
+		}
+		if s.due.After(killed) {
+			worst = max(worst, s.late)
+		}
+	}
+	recovery := time.Duration(0)
+	if !lastLate.IsZero() {
+		recovery = lastLate.Sub(killed)
+	}
+	rescued := f.count(t, "SELECT COALESCE(SUM(rescues), 0) FROM delay_task")
+	early := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE done_ms < due_ms")
+	t.Logf("%d tasks: lost 0, dup_effects 0, early %d, rescued by the scanner %d; lateness p99 before the kill %v, worst after %v; back under %v %v after the kill",
+		total, early, rescued, p99.Round(time.Millisecond), worst.Round(time.Millisecond), limit.Round(time.Millisecond), recovery.Round(100*time.Millisecond))
+	if early != 0 {
+		t.Errorf("%d tasks done before their due time", early)
+	}
+}
