@@ -137,7 +137,6 @@ func DefaultConfig() Config {
 		RabbitPrefix:      rabbit.DefaultPrefix,
 		RabbitUnit:        rabbit.DefaultUnit,
 		RabbitDepth:       rabbit.DefaultDepth,
-		RabbitLead:        rabbit.DefaultLead,
 		RabbitPrefetch:    rabbit.DefaultPrefetch,
 		RabbitMaxLength:   rabbit.DefaultMaxLength,
 		RocketNameServers: "127.0.0.1:9876",
@@ -157,7 +156,6 @@ func (c Config) withDefaults() Config {
 	fill(&c.RabbitPrefix, d.RabbitPrefix)
 	fill(&c.RabbitUnit, d.RabbitUnit)
 	fill(&c.RabbitDepth, d.RabbitDepth)
-	fill(&c.RabbitLead, d.RabbitLead)
 	fill(&c.RabbitPrefetch, d.RabbitPrefetch)
 	fill(&c.RabbitMaxLength, d.RabbitMaxLength)
 	fill(&c.RocketNameServers, d.RocketNameServers)
@@ -207,7 +205,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
 	fs.StringVar(&c.RabbitPrefix, "rabbit-prefix", c.RabbitPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
 	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
-	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile (negative = none)")
+	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile; the relay's default lookahead equals it (0 = the default, 5s or half of one ladder hop if less; negative = none)")
 	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
 	fs.BoolVar(&c.RabbitSplitEnvelope, "rabbit-split-envelope", c.RabbitSplitEnvelope, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
 	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")

@@ -99,8 +99,9 @@ const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
 // lookahead on RabbitMQ (broker.Limits.Lookahead). RabbitMQ 3.10 quorum
 // queues keep waiting messages in memory (about 1 KB each) and every
 // ladder level a message passes costs a dead-letter hop, so the broker
-// holds only the next seconds: the ladder's lookahead equals DefaultLead,
-// so what the relay publishes skips the ladder and waits in the consumer.
+// holds only the next seconds: the ladder's lookahead equals its lead
+// (DefaultLead unless set), so what the relay publishes skips the ladder
+// and waits in the consumer.
 // Five seconds let the relay publish a burst of tens of thousands of tasks
 // due at one instant before it. The plugin's exchange keeps its messages
 // on one node only, so the same short window limits what a lost node
@@ -149,7 +150,8 @@ type Config struct {
 	// Lead is subtracted from every ladder delay before it is rounded down
 	// to units, so messages arrive up to Unit + Lead early and are held by
 	// the consumer runtime until due; Limits().Precision is Unit + Lead.
-	// Negative means none. Default DefaultLead.
+	// Negative means none. Default DefaultLead, or half of one hop when the
+	// ladder is shorter than twice that.
 	Lead time.Duration
 	// MaxLength is the x-max-length of each ladder queue and each topic's
 	// queue; with x-overflow=reject-publish a publish into a full queue is
@@ -230,7 +232,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.Depth = DefaultDepth
 	}
 	if c.Lead == 0 {
-		c.Lead = DefaultLead
+		// At most half of one hop, so a short ladder (a test's) still
+		// makes progress with the default.
+		c.Lead = min(DefaultLead, (LadderMaxHop(c.Unit, c.Depth)/2).Truncate(time.Millisecond))
 	}
 	if c.Lead < 0 {
 		c.Lead = -1
@@ -292,7 +296,7 @@ func (c Config) limits() broker.Limits {
 	if c.Mode == ModeDelayedExchange {
 		return broker.Limits{MaxHop: c.delayedHop(), Precision: delayedPrecision, Lookahead: DelayedExchangeLookahead}
 	}
-	return broker.Limits{MaxHop: LadderMaxHop(c.Unit, c.Depth), Precision: c.Unit + max(c.Lead, 0), Lookahead: LadderLookahead}
+	return broker.Limits{MaxHop: LadderMaxHop(c.Unit, c.Depth), Precision: c.Unit + max(c.Lead, 0), Lookahead: max(c.Lead, c.Unit)}
 }
 
 // LadderMaxHop returns the longest delay one hop of a ladder with this unit
