@@ -101,7 +101,7 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 	a.mysqlTLS.register(pf, "mysql", "the database")
 	registerSecretFiles(pf)
 
-	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a))
+	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a), newConsoleCmd(a))
 	return root
 }
 
