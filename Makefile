@@ -26,7 +26,7 @@ tools:
 # package at a time: some tests restart a broker, which must not hit another
 # package's tests mid-flight. Then a short run of every fuzz target.
 test: lint services tools
-	promtool check rules deploy/prometheus/*.yml
+	promtool check rules deploy/prometheus/*.yml && promtool test rules deploy/prometheus/tests/*.yml
 	$(WITH_SERVICES_ENV) go test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) fuzz FUZZTIME=10s
 
