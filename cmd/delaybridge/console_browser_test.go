@@ -311,8 +311,8 @@ func TestConsole_InABrowser_ShowsCountsFindsTasksAndActs(t *testing.T) {
 	}
 	logs := b.logs.String()
 	for _, want := range []string{
-		fmt.Sprintf(`msg="console: revealed a task's key and payload" who=ops remote=127.0.0.1`),
-		fmt.Sprintf(`msg="console: action done" who=ops remote=127.0.0.1`),
+		`msg="console: revealed a task's key and payload" who=ops remote=127.0.0.1`,
+		`msg="console: action done" who=ops remote=127.0.0.1`,
 		fmt.Sprintf("action=cancel id=%d topic=%s", b.ids["k-soon-2"], consoleTopic),
 		fmt.Sprintf("action=reschedule id=%d", b.ids["k-soon-1"]),
 		fmt.Sprintf("action=replay id=%d", b.ids["k-dead"]),
