@@ -10,7 +10,7 @@ WITH_SERVICES_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: services services-down test test-unit demo bench chaos lint fuzz FORCE
+.PHONY: services services-down tools test test-unit demo bench chaos lint fuzz FORCE
 
 services:
 	$(SERVICES) up
@@ -18,10 +18,15 @@ services:
 services-down:
 	$(SERVICES) down
 
+# Chromium (the console's browser tests) and promtool, from Debian's packages.
+tools:
+	scripts/tools.sh
+
 # Lint, start (or reuse) the services, then every test against them, one
 # package at a time: some tests restart a broker, which must not hit another
 # package's tests mid-flight. Then a short run of every fuzz target.
-test: lint services
+test: lint services tools
+	promtool check rules deploy/prometheus/*.yml && promtool test rules deploy/prometheus/tests/*.yml
 	$(WITH_SERVICES_ENV) go test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) fuzz FUZZTIME=10s
 

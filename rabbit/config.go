@@ -234,7 +234,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Lead == 0 {
 		// At most half of one hop, so a short ladder (a test's) still
 		// makes progress with the default.
-		c.Lead = min(DefaultLead, (LadderMaxHop(c.Unit, c.Depth)/2).Truncate(time.Millisecond))
+		c.Lead = min(DefaultLead, (LadderMaxHop(c.Unit, c.Depth) / 2).Truncate(time.Millisecond))
 	}
 	if c.Lead < 0 {
 		c.Lead = -1

@@ -25,27 +25,40 @@ import (
 // doctorTopic is where doctor's probes travel.
 const doctorTopic = "delaybridge-doctor"
 
-// report collects doctor's findings.
+// report collects doctor's findings: printed to a.stdout as they come,
+// and kept in checks for the console's brokers page.
 type report struct {
 	a      *app
 	failed int
 	warned int
 	// scope starts every line: "shard NAME: " while a shard is checked.
-	scope string
+	scope  string
+	checks []doctorCheck
 }
 
-func (r *report) ok(format string, args ...any) {
-	fmt.Fprintf(r.a.stdout, "OK    "+r.scope+format+"\n", args...)
+// doctorCheck is one finding: OK, WARN or FAIL and what it says.
+type doctorCheck struct {
+	Level string
+	Text  string
 }
+
+func (r *report) add(level, format string, args ...any) {
+	text := fmt.Sprintf(format, args...)
+	text = r.scope + text
+	r.checks = append(r.checks, doctorCheck{Level: level, Text: text})
+	fmt.Fprintf(r.a.stdout, "%-6s%s\n", level, text)
+}
+
+func (r *report) ok(format string, args ...any) { r.add("OK", format, args...) }
 
 func (r *report) warn(format string, args ...any) {
 	r.warned++
-	fmt.Fprintf(r.a.stdout, "WARN  "+r.scope+format+"\n", args...)
+	r.add("WARN", format, args...)
 }
 
 func (r *report) fail(format string, args ...any) {
 	r.failed++
-	fmt.Fprintf(r.a.stdout, "FAIL  "+r.scope+format+"\n", args...)
+	r.add("FAIL", format, args...)
 }
 
 func newDoctorCmd(a *app) *cobra.Command {
@@ -73,29 +86,7 @@ shard, each line naming its shard. Every line starts with OK, WARN or FAIL;
 the exit code is 1 when any check failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			r := &report{a: a}
-			for _, w := range bf.warnings() {
-				r.warn("%s", w)
-			}
-			if err := a.eachShard(ctx, &sf, func(ctx context.Context, name string) error {
-				if name != "" {
-					r.scope = "shard " + name + ": "
-				}
-				checkDatabase(ctx, a, r)
-				r.scope = ""
-				return nil
-			}); err != nil {
-				r.fail("%v", err)
-			}
-			switch bf.Broker {
-			case "rabbit":
-				checkRabbit(ctx, a, &bf, r)
-			case "rocket":
-				checkRocket(ctx, a, &bf, r, probe)
-			default:
-				r.fail("--broker %q: want rabbit or rocket", bf.Broker)
-			}
+			r := runDoctor(cmd.Context(), a, &bf, &sf, probe)
 			fmt.Fprintf(a.stdout, "%d failed, %d warnings\n", r.failed, r.warned)
 			if r.failed > 0 {
 				return fmt.Errorf("doctor: %d check(s) failed", r.failed)
@@ -107,6 +98,33 @@ the exit code is 1 when any check failed.`,
 	sf.register(cmd.Flags())
 	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe")
 	return cmd
+}
+
+// runDoctor runs every check of the database and the broker bf names.
+func runDoctor(ctx context.Context, a *app, bf *brokerFlags, sf *shardFlags, probe time.Duration) *report {
+	r := &report{a: a}
+	for _, w := range bf.warnings() {
+		r.warn("%s", w)
+	}
+	if err := a.eachShard(ctx, sf, func(ctx context.Context, name string) error {
+		if name != "" {
+			r.scope = "shard " + name + ": "
+		}
+		checkDatabase(ctx, a, r)
+		r.scope = ""
+		return nil
+	}); err != nil {
+		r.fail("%v", err)
+	}
+	switch bf.Broker {
+	case "rabbit":
+		checkRabbit(ctx, a, bf, r)
+	case "rocket":
+		checkRocket(ctx, a, bf, r, probe)
+	default:
+		r.fail("--broker %q: want rabbit or rocket", bf.Broker)
+	}
+	return r
 }
 
 func checkDatabase(ctx context.Context, a *app, r *report) {

@@ -97,7 +97,7 @@ TLS: --mysql-tls-ca/-cert/-key, --amqp-tls-ca/-cert/-key with an amqps:// URL,
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	registerSecretFiles(pf)
 
-	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a))
+	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a), newConsoleCmd(a))
 	return root
 }
 

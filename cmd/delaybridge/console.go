@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+//go:embed console/*.html console/*.css
+var consoleFiles embed.FS
+
+// consoleOptions are the console's settings besides the database and the
+// broker.
+type consoleOptions struct {
+	listen     string
+	authFile   string
+	readOnly   bool
+	tlsCert    string
+	tlsKey     string
+	allowPlain bool
+	grace      time.Duration
+	probe      time.Duration
+}
+
+func newConsoleCmd(a *app) *cobra.Command {
+	var (
+		bf   brokerFlags
+		opts consoleOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "console",
+		Short: "Serve the operator's console: backlog, tasks, dead tasks and broker limits in a browser",
+		Long: `console serves a web console over the outbox database and the broker
+settings (the same --mysql-dsn and broker flags as run and doctor):
+
+  /          overview: backlog by state and topic, tasks coming due over the
+             next hour, lateness over the last hour, oldest pending, rescues,
+             overdue and dead counts
+  /tasks     search by topic and key prefix, filter by state and due window
+  /tasks/ID  one task's timeline; cancel, reschedule, replay
+  /dead      dead tasks with their errors; replay one or many
+  /brokers   the delay limits in effect and doctor's checks
+
+Every request needs the user:password held in --auth-file (HTTP basic auth).
+Actions are POSTs that carry a CSRF token, are refused from other origins,
+ask for a confirmation first and are logged with who made them; --read-only
+refuses them all. Keys and payloads are hidden unless revealed on a task's
+page, and each reveal is logged. The console listens on loopback by default;
+another address needs --tls-cert and --tls-key, or --allow-plain-http.
+See docs/console.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			cred, err := readConsoleCredential(opts.authFile)
+			if err != nil {
+				return err
+			}
+			if (opts.tlsCert == "") != (opts.tlsKey == "") {
+				return errors.New("--tls-cert and --tls-key go together")
+			}
+			// The broker settings feed the brokers page only: without them
+			// the console still serves the outbox, and that page says what
+			// is missing.
+			if err := bf.check(a); err != nil {
+				a.log.Warn("delaybridge console: the brokers page cannot show limits", "err", err)
+			}
+			db, err := a.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			c, err := newConsole(a, db, &bf, cred, opts)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ln, err := c.listen(opts)
+			if err != nil {
+				return err
+			}
+			srv := newHTTPServer(c.Handler())
+			scheme := "http"
+			if opts.tlsCert != "" {
+				scheme = "https"
+			}
+			a.log.Info("delaybridge console: started", "listen", ln.Addr().String(), "read_only", opts.readOnly, "user", cred.user)
+			fmt.Fprintf(a.stdout, "delaybridge console on %s://%s/\n", scheme, ln.Addr())
+			serveErr := make(chan error, 1)
+			go func() {
+				if opts.tlsCert != "" {
+					serveErr <- srv.ServeTLS(ln, opts.tlsCert, opts.tlsKey)
+				} else {
+					serveErr <- srv.Serve(ln)
+				}
+			}()
+			select {
+			case <-ctx.Done():
+			case err := <-serveErr:
+				return fmt.Errorf("console: %w", err)
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	bf.register(f)
+	f.StringVar(&opts.listen, "listen", "127.0.0.1:9465", "address the console listens on; beyond loopback it needs --tls-cert/--tls-key or --allow-plain-http")
+	f.StringVar(&opts.authFile, "auth-file", "", "file holding the console's credential as user:password on one line (password at least 16 characters); required")
+	f.BoolVar(&opts.readOnly, "read-only", false, "show everything, change nothing: refuse cancel, reschedule and replay")
+	f.StringVar(&opts.tlsCert, "tls-cert", "", "PEM certificate (chain) to serve the console over HTTPS, with --tls-key")
+	f.StringVar(&opts.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.BoolVar(&opts.allowPlain, "allow-plain-http", false, "allow a --listen address beyond loopback without TLS (the password then crosses the network in the clear)")
+	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
+	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks")
+	return cmd
+}
+
+// console is the operator's web console over one outbox database.
+type console struct {
+	a        *app
+	db       *sql.DB
+	bf       *brokerFlags
+	cred     consoleCredential
+	csrf     *csrf
+	log      *slog.Logger
+	readOnly bool
+	grace    time.Duration
+	probe    time.Duration
+	now      func() time.Time
+	pages    map[string]*template.Template
+
+	// doctor holds the last run of doctor's checks; runs owns the
+	// goroutine of one in progress, which Close stops and waits for.
+	mu     sync.Mutex
+	doctor doctorRun
+	runs   sync.WaitGroup
+	ctx    context.Context
+	stop   context.CancelFunc
+}
+
+// doctorRun is one run of doctor's checks from the brokers page.
+type doctorRun struct {
+	Running  bool
+	By       string
+	Started  time.Time
+	Finished time.Time
+	Checks   []doctorCheck
+	Failed   int
+	Warned   int
+}
+
+func newConsole(a *app, db *sql.DB, bf *brokerFlags, cred consoleCredential, opts consoleOptions) (*console, error) {
+	cs, err := newCSRF(time.Now)
+	if err != nil {
+		return nil, err
+	}
+	pages, err := parseConsolePages()
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &console{a: a, db: db, bf: bf, cred: cred, csrf: cs, log: a.log, readOnly: opts.readOnly, grace: opts.grace, probe: opts.probe,
+		now: time.Now, pages: pages, ctx: ctx, stop: stop}, nil
+}
+
+// Close stops a doctor run in progress and waits for it.
+func (c *console) Close() {
+	c.stop()
+	c.runs.Wait()
+}
+
+// listen opens the console's address: loopback, or beyond it only with TLS
+// or --allow-plain-http; at most httpMaxConns connections at once.
+func (c *console) listen(opts consoleOptions) (net.Listener, error) {
+	ln, err := net.Listen("tcp", opts.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %s: %w", opts.listen, err)
+	}
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		switch {
+		case opts.tlsCert != "":
+		case opts.allowPlain:
+			c.log.Warn("delaybridge console: listening beyond loopback without TLS: the password crosses the network in the clear", "listen", ln.Addr().String())
+		default:
+			ln.Close()
+			return nil, fmt.Errorf("--listen %s is reachable beyond this host: serve TLS (--tls-cert, --tls-key) or pass --allow-plain-http", opts.listen)
+		}
+	}
+	return newLimitListener(ln, httpMaxConns), nil
+}
+
+// Handler serves the console, every route behind guard.
+func (c *console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /tasks", c.tasks)
+	mux.HandleFunc("GET /tasks/{id}", c.task)
+	mux.HandleFunc("POST /tasks/{id}/{action}", c.taskAction)
+	mux.HandleFunc("GET /dead", c.dead)
+	mux.HandleFunc("POST /dead/replay", c.deadReplay)
+	mux.HandleFunc("GET /brokers", c.brokers)
+	mux.HandleFunc("POST /brokers/check", c.brokersCheck)
+	mux.HandleFunc("GET /static/style.css", func(w http.ResponseWriter, r *http.Request) {
+		f, err := consoleFiles.Open("console/style.css")
+		if err != nil {
+			http.NotFound(w, r)
+			return
+		}
+		defer f.Close()
+		w.Header().Set("Content-Type", "text/css; charset=utf-8")
+		_, _ = io.Copy(w, f)
+	})
+	return c.guard(mux)
+}
+
+// startDoctor runs doctor's checks in the background unless a run is in
+// progress, and reports whether it started one.
+func (c *console) startDoctor(by string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.doctor.Running {
+		return false
+	}
+	c.doctor = doctorRun{Running: true, By: by, Started: c.now()}
+	c.runs.Add(1)
+	go func() {
+		defer c.runs.Done()
+		ctx, cancel := context.WithTimeout(c.ctx, c.probe+2*time.Minute)
+		defer cancel()
+		// A copy of the app whose output goes nowhere: the report keeps
+		// the checks, and the console shows them.
+		quiet := *c.a
+		quiet.stdout = io.Discard
+		r := runDoctor(ctx, &quiet, c.bf, &shardFlags{}, c.probe)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.doctor.Running, c.doctor.Finished = false, c.now()
+		c.doctor.Checks, c.doctor.Failed, c.doctor.Warned = r.checks, r.failed, r.warned
+		c.log.Info("console: doctor finished", "by", by, "failed", r.failed, "warnings", r.warned)
+	}()
+	return true
+}
+
+func (c *console) lastDoctor() doctorRun {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.doctor
+}

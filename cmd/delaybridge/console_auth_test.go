@@ -1,0 +1,201 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const testConsolePassword = "correct-horse-battery-staple"
+
+func TestConsoleCredential_ParsesUserPasswordAndRefusesWeakOrMalformedLines(t *testing.T) {
+	good, err := parseConsoleCredential("ops:"+testConsolePassword, "f")
+	if err != nil || good.user != "ops" || good.password != testConsolePassword {
+		t.Fatalf("good line: %+v, %v", good, err)
+	}
+	// A colon inside the password is the password's.
+	if c, err := parseConsoleCredential("ops:a:b-long-enough-password", "f"); err != nil || c.password != "a:b-long-enough-password" {
+		t.Fatalf("colon in password: %+v, %v", c, err)
+	}
+	for _, line := range []string{"ops", ":" + testConsolePassword, "ops:", "ops:short", "o ps:" + testConsolePassword, "o\x01:" + testConsolePassword} {
+		if _, err := parseConsoleCredential(line, "f"); err == nil {
+			t.Errorf("%q accepted", line)
+		} else if strings.Contains(err.Error(), testConsolePassword) {
+			t.Errorf("%q: the error quotes the password: %v", line, err)
+		}
+	}
+}
+
+func TestConsoleCredential_ReadsTheFileLikeEverySecret(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "auth")
+	if _, err := readConsoleCredential(""); err == nil || !strings.Contains(err.Error(), "--auth-file is required") {
+		t.Fatalf("no file: %v", err)
+	}
+	if _, err := readConsoleCredential(path); err == nil {
+		t.Fatal("a missing file was accepted")
+	}
+	if err := os.WriteFile(path, []byte("ops:"+testConsolePassword+"\nother:"+testConsolePassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readConsoleCredential(path); err == nil || strings.Contains(err.Error(), testConsolePassword) {
+		t.Fatalf("two lines: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("ops:"+testConsolePassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := readConsoleCredential(path)
+	if err != nil || c.user != "ops" || c.password != testConsolePassword {
+		t.Fatalf("good file: %+v, %v", c, err)
+	}
+}
+
+func TestConsoleCredential_CheckNeedsBothParts(t *testing.T) {
+	c := consoleCredential{user: "ops", password: testConsolePassword}
+	for _, tc := range []struct {
+		name       string
+		user, pass string
+		set        bool
+		want       bool
+	}{
+		{"right", "ops", testConsolePassword, true, true},
+		{"wrong password", "ops", testConsolePassword + "x", true, false},
+		{"wrong user", "op", testConsolePassword, true, false},
+		{"empty", "", "", true, false},
+		{"none", "", "", false, false},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		if tc.set {
+			r.SetBasicAuth(tc.user, tc.pass)
+		}
+		if got := c.check(r); got != tc.want {
+			t.Errorf("%s: check = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestCSRF_TokenIsBoundToUserAndTimeAndKey(t *testing.T) {
+	now := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	c, err := newCSRF(clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := c.token("ops")
+	if err := c.check("ops", tok); err != nil {
+		t.Fatalf("fresh token refused: %v", err)
+	}
+	other, err := newCSRF(clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, mac, _ := strings.Cut(tok, ".")
+	flipped := []byte(mac)
+	flipped[0] ^= 1
+	for name, bad := range map[string]string{
+		"empty":           "",
+		"no dot":          ts + mac,
+		"bad time":        "x." + mac,
+		"tampered mac":    ts + "." + string(flipped),
+		"moved time":      "1" + ts + "." + mac,
+		"another process": other.token("ops"),
+	} {
+		if err := c.check("ops", bad); err == nil {
+			t.Errorf("%s: token %q accepted", name, bad)
+		}
+	}
+	if err := c.check("eve", tok); err == nil {
+		t.Error("a token issued to ops was accepted for eve")
+	}
+	now = now.Add(csrfTTL - time.Second)
+	if err := c.check("ops", tok); err != nil {
+		t.Errorf("token refused just before it expires: %v", err)
+	}
+	now = now.Add(2 * time.Second)
+	if err := c.check("ops", tok); err == nil {
+		t.Error("expired token accepted")
+	}
+}
+
+// guardedConsole is a console with only what guard uses, around a handler
+// that answers 200 "ok".
+func guardedConsole(t *testing.T) (*console, http.Handler) {
+	t.Helper()
+	cs, err := newCSRF(time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &console{cred: consoleCredential{user: "ops", password: testConsolePassword}, csrf: cs, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return c, c.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok "+who(r))
+	}))
+}
+
+func TestConsoleGuard_RefusesWithoutCredentialOrTokenAndSetsHeaders(t *testing.T) {
+	c, h := guardedConsole(t)
+	serve := func(r *http.Request) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	authed := func(method, target string, form url.Values) *http.Request {
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		r := httptest.NewRequest(method, target, body)
+		if form != nil {
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		r.SetBasicAuth("ops", testConsolePassword)
+		return r
+	}
+
+	w := serve(httptest.NewRequest(http.MethodGet, "/", nil))
+	if w.Code != http.StatusUnauthorized || !strings.HasPrefix(w.Header().Get("WWW-Authenticate"), "Basic ") {
+		t.Fatalf("no credential: %d %q", w.Code, w.Header().Get("WWW-Authenticate"))
+	}
+	w = serve(authed(http.MethodGet, "/", nil))
+	if w.Code != http.StatusOK || w.Body.String() != "ok ops" {
+		t.Fatalf("GET with credential: %d %q", w.Code, w.Body.String())
+	}
+	for _, hdr := range []string{"Content-Security-Policy", "X-Content-Type-Options", "X-Frame-Options", "Referrer-Policy", "Cache-Control"} {
+		if w.Header().Get(hdr) == "" {
+			t.Errorf("header %s missing", hdr)
+		}
+	}
+	if w := serve(authed(http.MethodPost, "/tasks/1/cancel", url.Values{"confirm": {"yes"}})); w.Code != http.StatusForbidden {
+		t.Errorf("POST without a CSRF token: %d", w.Code)
+	}
+	if w := serve(authed(http.MethodPost, "/tasks/1/cancel", url.Values{csrfField: {"1.bad"}})); w.Code != http.StatusForbidden {
+		t.Errorf("POST with a bad CSRF token: %d", w.Code)
+	}
+	good := url.Values{csrfField: {c.csrf.token("ops")}}
+	if w := serve(authed(http.MethodPost, "/tasks/1/cancel", good)); w.Code != http.StatusOK {
+		t.Errorf("POST with a good token: %d %s", w.Code, w.Body.String())
+	}
+	cross := authed(http.MethodPost, "/tasks/1/cancel", good)
+	cross.Header.Set("Sec-Fetch-Site", "cross-site")
+	if w := serve(cross); w.Code != http.StatusForbidden {
+		t.Errorf("cross-site POST with a good token: %d", w.Code)
+	}
+	noAuth := httptest.NewRequest(http.MethodPost, "/tasks/1/cancel", strings.NewReader(good.Encode()))
+	noAuth.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if w := serve(noAuth); w.Code != http.StatusUnauthorized {
+		t.Errorf("POST with a token but no credential: %d", w.Code)
+	}
+	if w := serve(authed(http.MethodPut, "/", nil)); w.Code != http.StatusMethodNotAllowed {
+		t.Errorf("PUT: %d", w.Code)
+	}
+	big := authed(http.MethodPost, "/dead/replay", url.Values{csrfField: {c.csrf.token("ops")}, "id": {strings.Repeat("1", consoleMaxForm)}})
+	if w := serve(big); w.Code != http.StatusBadRequest {
+		t.Errorf("oversized form: %d", w.Code)
+	}
+}

@@ -1,0 +1,723 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
+)
+
+// view is what every page template receives: the layout's fields and the
+// page's own Data.
+type view struct {
+	Title    string
+	Nav      string
+	Who      string
+	ReadOnly bool
+	CSRF     string
+	Flash    string
+	Error    string
+	Refresh  int
+	Data     any
+}
+
+// parseConsolePages parses each page template with the layout.
+func parseConsolePages() (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"when":  fmtTime,
+		"ago":   fmtAgo,
+		"dur":   fmtDur,
+		"short": shortText,
+		"add":   func(a, b int) int { return a + b },
+	}
+	names, err := fs.Glob(consoleFiles, "console/*.html")
+	if err != nil {
+		return nil, err
+	}
+	pages := map[string]*template.Template{}
+	for _, n := range names {
+		base := strings.TrimSuffix(strings.TrimPrefix(n, "console/"), ".html")
+		if base == "layout" {
+			continue
+		}
+		t, err := template.New(base).Funcs(funcs).ParseFS(consoleFiles, "console/layout.html", n)
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", n, err)
+		}
+		pages[base] = t
+	}
+	return pages, nil
+}
+
+// render writes page with status; the page is rendered into a buffer
+// first, so a template error becomes a clean 500.
+func (c *console) render(w http.ResponseWriter, r *http.Request, page string, status int, v view) {
+	v.Who, v.ReadOnly = who(r), c.readOnly
+	v.CSRF = c.csrf.token(who(r))
+	if v.Nav == "" {
+		v.Nav = page
+	}
+	var buf bytes.Buffer
+	if err := c.pages[page].ExecuteTemplate(&buf, "layout", v); err != nil {
+		c.log.Error("console: rendering a page failed", "page", page, "err", err)
+		http.Error(w, "500 internal error: rendering failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = buf.WriteTo(w)
+}
+
+// fail renders err on the error page; bad input is a 400, a missing task a
+// 404, anything else a 500 whose cause is logged, not shown.
+func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	msg := err.Error()
+	if status >= 500 {
+		c.log.Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", scrub(err, c.a.mysqlDSN))
+		msg = "the database could not answer; see the console's log"
+	}
+	c.render(w, r, "error", status, view{Title: http.StatusText(status), Nav: "none", Error: msg})
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+func fmtAgo(now, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+func fmtDur(d time.Duration) string {
+	if d == 0 {
+		return "none"
+	}
+	if d >= 48*time.Hour && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
+}
+
+// shortText cuts s to n runes and makes it printable.
+func shortText(n int, s string) string {
+	s = printable(s)
+	if utf8.RuneCountInString(s) > n {
+		r := []rune(s)
+		s = string(r[:n]) + "…"
+	}
+	return s
+}
+
+// ---------------------------------------------------------------- overview
+
+// backlogRow is one topic's unfinished tasks.
+type backlogRow struct {
+	Topic                    string
+	Pending, Published, Dead int
+}
+
+type overviewData struct {
+	Now       time.Time
+	Stats     *outbox.Stats
+	Grace     time.Duration
+	Backlog   []backlogRow
+	Due       barChart
+	DueTotal  int
+	Lateness  lineChart
+	LateRows  []latenessRow
+	RescDone  outbox.RescueSample
+	RescPub   outbox.RescueSample
+	HasCounts bool
+}
+
+type latenessRow struct {
+	From, To time.Time
+	L        outbox.Lateness
+}
+
+// overviewBuckets splits the hour ahead and the hour behind into 5-minute
+// buckets.
+const overviewBuckets = 12
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	now := c.now()
+	d, err := c.overviewData(ctx, now)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: d, Refresh: 30})
+}
+
+func (c *console) overviewData(ctx context.Context, now time.Time) (*overviewData, error) {
+	st, err := outbox.ReadStats(ctx, c.db, now, c.grace, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	d := &overviewData{Now: now, Stats: st, Grace: c.grace, HasCounts: !st.CountsAt.IsZero()}
+	topics := map[string]*backlogRow{}
+	for state, byTopic := range st.Backlog {
+		for t, n := range byTopic {
+			row := topics[t]
+			if row == nil {
+				row = &backlogRow{Topic: t}
+				topics[t] = row
+			}
+			switch state {
+			case outbox.StatePending:
+				row.Pending = n
+			case outbox.StatePublished:
+				row.Published = n
+			case outbox.StateDead:
+				row.Dead = n
+			}
+		}
+	}
+	for _, row := range topics {
+		d.Backlog = append(d.Backlog, *row)
+	}
+	slices.SortFunc(d.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
+
+	due, err := outbox.DueCounts(ctx, c.db, now, time.Hour, overviewBuckets)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range due {
+		d.DueTotal += n
+	}
+	d.Due = newBarChart(due, func(i int) string { return fmt.Sprintf("+%dm", i*60/overviewBuckets) })
+	late, err := outbox.LatenessSeries(ctx, c.db, now, time.Hour, overviewBuckets)
+	if err != nil {
+		return nil, err
+	}
+	width := time.Hour / overviewBuckets
+	for i, l := range late {
+		from := now.Add(-time.Hour + time.Duration(i)*width)
+		d.LateRows = append(d.LateRows, latenessRow{From: from, To: from.Add(width), L: l})
+	}
+	d.Lateness = newLatenessChart(late, func(i int) string { return fmt.Sprintf("-%dm", 60-i*60/overviewBuckets) })
+	if d.RescDone, d.RescPub, err = outbox.Rescues(ctx, c.db, now, time.Hour); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// ---------------------------------------------------------------- search
+
+type tasksData struct {
+	Now    time.Time
+	Form   url.Values
+	States []outbox.State
+	Page   *outbox.SearchPage
+	Next   string
+}
+
+// parseWindowEdge reads a due-window edge: empty, RFC 3339, or a duration
+// from now with a sign (+1h, -30m).
+func parseWindowEdge(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if rest, ok := strings.CutPrefix(s, "-"); ok {
+		d, err := time.ParseDuration(rest)
+		if err != nil || d < 0 {
+			return time.Time{}, fmt.Errorf("bad duration %q: want RFC 3339, +duration or -duration", s)
+		}
+		return now.Add(-d), nil
+	}
+	return parseWhen(s, now)
+}
+
+func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
+	now := c.now()
+	q := r.URL.Query()
+	d := &tasksData{Now: now, Form: q, States: outbox.States}
+	s := outbox.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state")), After: q.Get("after")}
+	var err error
+	if s.DueFrom, err = parseWindowEdge(q.Get("from"), now); err == nil {
+		s.DueTo, err = parseWindowEdge(q.Get("to"), now)
+	}
+	if err == nil && s.Topic != "" {
+		err = broker.ValidateTopic(s.Topic)
+	}
+	if err != nil {
+		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Data: d})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	page, err := outbox.Search(ctx, c.db, s)
+	if errors.Is(err, outbox.ErrBadSearch) {
+		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Data: d})
+		return
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d.Page = page
+	if page.Next != "" {
+		next := url.Values{}
+		for k, v := range q {
+			next[k] = v
+		}
+		next.Set("after", page.Next)
+		d.Next = "/tasks?" + next.Encode()
+	}
+	c.render(w, r, "tasks", http.StatusOK, view{Title: "Tasks", Data: d})
+}
+
+// ---------------------------------------------------------------- one task
+
+type event struct {
+	At   time.Time
+	What string
+}
+
+type taskData struct {
+	Now      time.Time
+	T        *outbox.Detail
+	Reveal   bool
+	Key      string
+	Payload  string
+	Binary   bool
+	Cut      bool
+	Timeline []event
+	Hops     []event
+	Actions  []string
+}
+
+// revealLimit bounds the payload bytes a reveal shows.
+const revealLimit = 64 << 10
+
+func (c *console) task(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("task id %q: want a positive number", r.PathValue("id")))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	t, err := outbox.GetByID(ctx, c.db, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no task %d (finished tasks are deleted after their retention)", id))
+		return
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	now := c.now()
+	d := &taskData{Now: now, T: t, Timeline: timeline(t, now), Hops: c.plannedHops(t), Actions: actionsFor(t.State)}
+	if r.URL.Query().Get("reveal") == "1" {
+		d.Reveal = true
+		d.Key = printable(t.Task.Key)
+		p := t.Task.Payload
+		if len(p) > revealLimit {
+			p, d.Cut = p[:revealLimit], true
+		}
+		if utf8.Valid(p) {
+			d.Payload = string(p)
+		} else {
+			d.Payload, d.Binary = fmt.Sprintf("% x", p), true
+		}
+		c.log.Info("console: revealed a task's key and payload", "who", who(r), "remote", r.RemoteAddr, "id", t.ID, "topic", t.Task.Topic)
+	}
+	v := view{Title: fmt.Sprintf("Task %d", t.ID), Nav: "tasks", Data: d}
+	switch r.URL.Query().Get("done") {
+	case "cancel":
+		v.Flash = "Cancelled."
+	case "reschedule":
+		v.Flash = "Rescheduled: the relay publishes it again for the new due time."
+	case "replay":
+		v.Flash = "Replayed: pending again, attempts reset."
+	}
+	c.render(w, r, "task", http.StatusOK, v)
+}
+
+// actionsFor lists the actions a task in state st allows.
+func actionsFor(st outbox.State) []string {
+	switch st {
+	case outbox.StatePending, outbox.StatePublished:
+		return []string{"cancel", "reschedule"}
+	case outbox.StateDead:
+		return []string{"replay", "reschedule", "cancel"}
+	}
+	return nil
+}
+
+// timeline derives a task's history from its row alone: nothing on the
+// hot path writes history, so only the latest of each kind of event is
+// known, and the page says so.
+func timeline(t *outbox.Detail, now time.Time) []event {
+	ev := []event{{t.CreatedAt, "scheduled: written to the outbox"}}
+	if t.Generation > 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("generation %d: rescheduled or replayed %d time(s); a message of an older generation is skipped", t.Generation, t.Generation)})
+	}
+	if t.State == outbox.StatePending && t.LeaseOwner != 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("claimed by a relay or scanner, lease until %s", fmtTime(t.NextAttemptAt))})
+	} else if t.State == outbox.StatePending && t.NextAttemptAt.After(now) {
+		ev = append(ev, event{t.NextAttemptAt, "next publish attempt (backed off after a failure)"})
+	}
+	if t.PublishAttempts > 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("%d publish attempt(s) for this generation", t.PublishAttempts)})
+	}
+	if !t.PublishedAt.IsZero() {
+		ev = append(ev, event{t.PublishedAt, "published: the broker confirmed the message"})
+	}
+	if t.Rescues > 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("rescued %d time(s): the scanner published it again after it was overdue", t.Rescues)})
+	}
+	due := "due"
+	if t.Task.DueAt.After(now) {
+		due = "due (in the future)"
+	}
+	ev = append(ev, event{t.Task.DueAt, due})
+	if t.Attempts > 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("delivered: the handler failed and was retried; on attempt %d", t.Attempts)})
+	}
+	switch t.State {
+	case outbox.StateDone:
+		ev = append(ev, event{t.DoneAt, fmt.Sprintf("done: handled and committed, %v after due", t.DoneAt.Sub(t.Task.DueAt))})
+	case outbox.StateCancelled:
+		ev = append(ev, event{t.UpdatedAt, "cancelled"})
+	case outbox.StateDead:
+		ev = append(ev, event{t.UpdatedAt, "dead: " + shortText(300, t.LastError)})
+	}
+	if t.LastError != "" && t.State != outbox.StateDead {
+		ev = append(ev, event{time.Time{}, "last error: " + shortText(300, t.LastError)})
+	}
+	// Timed events in order; untimed ones keep their place after the
+	// timed event before them.
+	slices.SortStableFunc(ev, func(a, b event) int {
+		if a.At.IsZero() || b.At.IsZero() {
+			return 0
+		}
+		return a.At.Compare(b.At)
+	})
+	return ev
+}
+
+// plannedHops lists the hops the broker limits in effect plan for a task
+// published at its publish time (or now, unpublished) and due at its due
+// time: the broker does not report hops, so they are derived, not observed.
+func (c *console) plannedHops(t *outbox.Detail) []event {
+	lim, _, err := consoleLimits(c.a, c.bf)
+	if err != nil || t.State == outbox.StateDone || t.State == outbox.StateCancelled {
+		return nil
+	}
+	at := t.PublishedAt
+	if at.IsZero() {
+		at = c.now()
+	}
+	var out []event
+	for i := 0; i < 50; i++ {
+		h := lim.Plan(at, t.Task.DueAt)
+		out = append(out, event{at, fmt.Sprintf("hop %d: held by the broker for %s", i+1, fmtDur(h.Delay))})
+		at = at.Add(h.Delay)
+		if h.Last || h.Delay == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// confirmData is the confirmation page of an action.
+type confirmData struct {
+	Action string
+	Target string
+	Fields map[string][]string
+	Count  int
+	Back   string
+}
+
+// taskAction cancels, reschedules or replays one task: the first POST
+// shows a confirmation, the second (confirm=yes) acts, logs and redirects
+// to the task's page.
+func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	if !slices.Contains([]string{"cancel", "reschedule", "replay"}, action) {
+		http.NotFound(w, r)
+		return
+	}
+	if c.readOnly {
+		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", action, "id", r.PathValue("id"))
+		c.fail(w, r, http.StatusForbidden, errors.New("this console is read-only (--read-only): no task can be changed from it"))
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("task id %q: want a positive number", r.PathValue("id")))
+		return
+	}
+	now := c.now()
+	var due time.Time
+	if action == "reschedule" {
+		if due, err = parseWhen(r.PostForm.Get("when"), now); err != nil {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("reschedule: %w", err))
+			return
+		}
+	}
+	if r.PostForm.Get("confirm") != "yes" {
+		target := fmt.Sprintf("task %d", id)
+		if action == "reschedule" {
+			target += " to " + fmtTime(due)
+		}
+		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "tasks", Data: confirmData{
+			Action: action, Target: target, Count: 1, Back: fmt.Sprintf("/tasks/%d", id),
+			Fields: map[string][]string{"when": {r.PostForm.Get("when")}},
+		}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	topic, err := c.actOn(ctx, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
+		switch action {
+		case "cancel":
+			return outbox.Cancel(ctx, q, topic, key)
+		case "reschedule":
+			return outbox.Reschedule(ctx, q, topic, key, due)
+		default:
+			return outbox.Replay(ctx, q, topic, key)
+		}
+	})
+	log := c.log.With("who", who(r), "remote", r.RemoteAddr, "action", action, "id", id, "topic", topic)
+	if action == "reschedule" {
+		log = log.With("due", due.UTC())
+	}
+	if err != nil {
+		log.Warn("console: action failed", "err", scrub(err, c.a.mysqlDSN))
+		// The outbox's errors name the key; the page says why without it.
+		switch {
+		case errors.Is(err, outbox.ErrNotFound):
+			c.fail(w, r, http.StatusNotFound, fmt.Errorf("cannot %s task %d: it no longer exists", action, id))
+		case errors.Is(err, outbox.ErrFinished):
+			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot %s task %d: it is already done or cancelled", action, id))
+		case errors.Is(err, outbox.ErrInvalidDue), errors.Is(err, broker.ErrTooFar):
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("cannot %s task %d: %w", action, id, err))
+		case action == "replay" && strings.Contains(err.Error(), "not dead"):
+			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot replay task %d: it is not dead", id))
+		default:
+			c.fail(w, r, http.StatusInternalServerError, err)
+		}
+		return
+	}
+	log.Info("console: action done")
+	http.Redirect(w, r, fmt.Sprintf("/tasks/%d?done=%s", id, action), http.StatusSeeOther)
+}
+
+// actOn runs fn on task id inside a transaction that locks the row first,
+// so the action hits exactly the row shown, and returns its topic.
+func (c *console) actOn(ctx context.Context, id int64, fn func(ctx context.Context, q outbox.Querier, topic, key string) error) (string, error) {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	topic, key, err := outbox.LockByID(ctx, tx, id)
+	if err != nil {
+		return "", err
+	}
+	if err := fn(ctx, tx, topic, key); err != nil {
+		return topic, err
+	}
+	return topic, tx.Commit()
+}
+
+// ---------------------------------------------------------------- dead tasks
+
+type deadData struct {
+	Now  time.Time
+	Dead int
+	Page *outbox.SearchPage
+	Next string
+}
+
+func (c *console) dead(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	page, err := outbox.Search(ctx, c.db, outbox.SearchQuery{State: outbox.StateDead, After: r.URL.Query().Get("after"), Limit: 100})
+	if errors.Is(err, outbox.ErrBadSearch) {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	st, err := outbox.ReadStats(ctx, c.db, c.now(), c.grace, 0)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d := &deadData{Now: c.now(), Dead: st.Dead, Page: page}
+	if page.Next != "" {
+		d.Next = "/dead?" + url.Values{"after": {page.Next}}.Encode()
+	}
+	v := view{Title: "Dead tasks", Data: d}
+	if n := r.URL.Query().Get("replayed"); n != "" {
+		v.Flash = "Replayed " + n + " task(s): pending again."
+		if f := r.URL.Query().Get("failed"); f != "" && f != "0" {
+			v.Error = f + " task(s) could not be replayed (no longer dead); see the console's log."
+		}
+	}
+	c.render(w, r, "dead", http.StatusOK, v)
+}
+
+// maxReplay bounds the tasks one replay request names: a page of the dead
+// list.
+const maxReplay = 100
+
+func (c *console) deadReplay(w http.ResponseWriter, r *http.Request) {
+	if c.readOnly {
+		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", "replay")
+		c.fail(w, r, http.StatusForbidden, errors.New("this console is read-only (--read-only): no task can be changed from it"))
+		return
+	}
+	var ids []int64
+	for _, s := range r.PostForm["id"] {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || id <= 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("task id %q: want a positive number", s))
+			return
+		}
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	switch {
+	case len(ids) == 0:
+		c.fail(w, r, http.StatusBadRequest, errors.New("no task selected: tick the tasks to replay"))
+		return
+	case len(ids) > maxReplay:
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("%d tasks selected: at most %d at a time", len(ids), maxReplay))
+		return
+	}
+	if r.PostForm.Get("confirm") != "yes" {
+		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "dead", Data: confirmData{
+			Action: "replay", Target: fmt.Sprintf("%d dead task(s)", len(ids)), Count: len(ids), Back: "/dead",
+			Fields: map[string][]string{"id": r.PostForm["id"]},
+		}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	replayed, failed := 0, 0
+	for _, id := range ids {
+		topic, err := c.actOn(ctx, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
+			return outbox.Replay(ctx, q, topic, key)
+		})
+		log := c.log.With("who", who(r), "remote", r.RemoteAddr, "action", "replay", "id", id, "topic", topic)
+		if err != nil {
+			failed++
+			log.Warn("console: action failed", "err", scrub(err, c.a.mysqlDSN))
+			continue
+		}
+		replayed++
+		log.Info("console: action done")
+	}
+	http.Redirect(w, r, fmt.Sprintf("/dead?replayed=%d&failed=%d", replayed, failed), http.StatusSeeOther)
+}
+
+// ---------------------------------------------------------------- brokers
+
+type limitRow struct{ Name, Value string }
+
+type brokersData struct {
+	Kind   string
+	Mode   string
+	Limits []limitRow
+	Err    string
+	Doctor doctorRun
+}
+
+// consoleLimits returns the delay limits the broker flags put in effect,
+// as the adapters compute them, and the rows the brokers page shows.
+func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
+	var rows []limitRow
+	switch bf.Broker {
+	case "rabbit":
+		cfg, err := bf.rabbitConfig(a)
+		if err != nil {
+			return broker.Limits{}, nil, err
+		}
+		if cfg.Mode == rabbit.ModeDelayedExchange {
+			lim := broker.Limits{MaxHop: rabbit.MaxDelayedExchangeHop}
+			rows = append(rows, limitRow{"plugin", "rabbitmq_delayed_message_exchange (x-delay header)"},
+				limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", "the plugin's timer"})
+			return lim, rows, nil
+		}
+		lim := broker.Limits{MaxHop: rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth), Precision: bf.RabbitUnit + rabbit.DefaultLead}
+		rows = append(rows, limitRow{"plugin", "none (ladder of quorum queues)"},
+			limitRow{"ladder", fmt.Sprintf("prefix %q, unit %v, depth %d", cfg.Prefix, bf.RabbitUnit, bf.RabbitDepth)},
+			limitRow{"max delay per hop", fmtDur(lim.MaxHop)},
+			limitRow{"precision", fmt.Sprintf("%v (unit + %v release lead; early arrivals are held)", lim.Precision, rabbit.DefaultLead)},
+			limitRow{"queue bound", fmt.Sprintf("x-max-length %d", bf.RabbitMaxLength)})
+		return lim, rows, nil
+	case "rocket":
+		cfg, err := bf.rocketConfig(a)
+		if err != nil {
+			return broker.Limits{}, nil, err
+		}
+		lim := cfg.Limits
+		rows = append(rows, limitRow{"name servers", strings.Join(cfg.NameServers, ", ")},
+			limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", fmtDur(lim.Precision)})
+		if len(lim.Levels) > 0 {
+			lv := make([]string, len(lim.Levels))
+			for i, l := range lim.Levels {
+				lv[i] = l.String()
+			}
+			rows = append(rows, limitRow{"delay levels", strings.Join(lv, " ")})
+		}
+		return lim, rows, nil
+	}
+	return broker.Limits{}, nil, fmt.Errorf("--broker %q: want rabbit or rocket", bf.Broker)
+}
+
+func (c *console) brokers(w http.ResponseWriter, r *http.Request) {
+	d := &brokersData{Kind: c.bf.Broker, Mode: c.bf.mode(), Doctor: c.lastDoctor()}
+	if _, rows, err := consoleLimits(c.a, c.bf); err != nil {
+		d.Err = err.Error()
+	} else {
+		d.Limits = rows
+	}
+	v := view{Title: "Brokers", Data: d}
+	if d.Doctor.Running {
+		v.Refresh = 2
+	}
+	c.render(w, r, "brokers", http.StatusOK, v)
+}
+
+// brokersCheck starts doctor's checks. They change no task (they probe the
+// database and the broker), so a read-only console runs them too.
+func (c *console) brokersCheck(w http.ResponseWriter, r *http.Request) {
+	if c.startDoctor(who(r)) {
+		c.log.Info("console: doctor started", "who", who(r), "remote", r.RemoteAddr)
+	}
+	http.Redirect(w, r, "/brokers", http.StatusSeeOther)
+}
