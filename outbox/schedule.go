@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -83,6 +84,77 @@ VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
 	}
 	return res.LastInsertId()
 }
+
+// ScheduleMany writes tasks as pending tasks with the default Config. See
+// Outbox.ScheduleMany.
+func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
+	return New(Config{}).ScheduleMany(ctx, q, tasks)
+}
+
+// ScheduleMany is Schedule for many tasks at once, in multi-row INSERTs of
+// at most scheduleManyRows rows or scheduleManyBytes payload bytes each:
+// one round trip writes hundreds of tasks, for a transaction that creates
+// many orders (a batch import, a flash-sale pre-order). Every task is
+// checked before anything is written, and the error names the first
+// invalid one by its index. A (topic, key) that already has a task, or
+// appears twice in tasks, returns ErrDuplicate; pass q a transaction and
+// roll it back then, as the statements before the failing one did write.
+func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
+	type row struct {
+		t       Task
+		headers any
+		trace   any
+	}
+	rows := make([]row, len(tasks))
+	for i, t := range tasks {
+		if err := o.cfg.validate(&t); err != nil {
+			return fmt.Errorf("task %d: %w", i, err)
+		}
+		headers, err := encodeHeaders(t.Headers)
+		if err != nil {
+			return fmt.Errorf("task %d: %w", i, err)
+		}
+		rows[i] = row{t: t, headers: headers}
+		if t.Trace != "" {
+			rows[i].trace = t.Trace
+		}
+		if rows[i].t.Payload == nil {
+			rows[i].t.Payload = []byte{}
+		}
+	}
+	now := o.cfg.Now().UnixMilli()
+	for len(rows) > 0 {
+		n, bytes := 0, 0
+		for n < len(rows) && n < scheduleManyRows && (n == 0 || bytes+len(rows[n].t.Payload) <= scheduleManyBytes) {
+			bytes += len(rows[n].t.Payload)
+			n++
+		}
+		args := make([]any, 0, 8*n)
+		for _, r := range rows[:n] {
+			args = append(args, r.t.Topic, []byte(r.t.Key), r.t.DueAt.UnixMilli(), r.t.Payload, r.headers, r.trace, now, now)
+		}
+		_, err := q.ExecContext(ctx, `INSERT INTO delay_task
+  (topic, task_key, due_ms, payload, headers, trace, state, created_ms, updated_ms)
+VALUES `+strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, 'pending', ?, ?),", n), ","), args...)
+		if err != nil {
+			var me *mysql.MySQLError
+			if errors.As(err, &me) && me.Number == 1062 {
+				return fmt.Errorf("%w: %s", ErrDuplicate, me.Message)
+			}
+			return fmt.Errorf("outbox: schedule %d tasks: %w", n, err)
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// scheduleManyRows and scheduleManyBytes bound one ScheduleMany statement:
+// 4,000 placeholders, far below the server's 65,535, and a packet far
+// below max_allowed_packet's 16 MiB default.
+const (
+	scheduleManyRows  = 500
+	scheduleManyBytes = 4 << 20
+)
 
 // encodeHeaders returns h as the JSON the headers column holds, or nil for
 // no headers. It refuses headers whose JSON would not fit the column rather

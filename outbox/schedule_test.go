@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -318,5 +319,37 @@ func TestReschedule_BumpsGenerationAndReturnsToPending(t *testing.T) {
 	}
 	if err := outbox.Reschedule(b.ctx, b.db, "r", "k", due); !errors.Is(err, outbox.ErrFinished) {
 		t.Fatalf("Reschedule(cancelled) = %v, want ErrFinished", err)
+	}
+}
+
+func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	due := time.Now().Add(time.Hour)
+	tasks := make([]outbox.Task, 1203) // three statements of at most 500 rows
+	for i := range tasks {
+		tasks[i] = outbox.Task{Topic: "many", Key: fmt.Sprintf("k-%d", i), DueAt: due, Payload: []byte("p"), Headers: map[string]string{"h": "v"}}
+	}
+	bad := slices.Clone(tasks)
+	bad[700] = outbox.Task{Topic: "many", Key: "", DueAt: due}
+	if err := outbox.ScheduleMany(b.ctx, b.db, bad); err == nil || !strings.Contains(err.Error(), "task 700") {
+		t.Fatalf("ScheduleMany with an empty key at 700 = %v; want an error naming task 700", err)
+	}
+	if n := b.count(t, "topic = 'many'"); n != 0 {
+		t.Fatalf("%d rows written by a refused batch, want 0", n)
+	}
+	if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, "topic = 'many' AND state = 'pending'"); n != len(tasks) {
+		t.Fatalf("%d pending rows, want %d", n, len(tasks))
+	}
+	info, err := outbox.Get(b.ctx, b.db, "many", "k-1202")
+	if err != nil || info.Task.DueAt.UnixMilli() != due.UnixMilli() || string(info.Task.Payload) != "p" || info.Task.Headers["h"] != "v" {
+		t.Fatalf("last task %+v, %v", info, err)
+	}
+	err = outbox.ScheduleMany(b.ctx, b.db, []outbox.Task{{Topic: "many", Key: "new", DueAt: due}, {Topic: "many", Key: "k-5", DueAt: due}})
+	if !errors.Is(err, outbox.ErrDuplicate) {
+		t.Fatalf("a batch with a key already scheduled = %v; want ErrDuplicate", err)
 	}
 }

@@ -440,20 +440,35 @@ func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.T
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck
+	// The transaction's orders and tasks go in multi-row INSERTs
+	// (outbox.ScheduleMany), as a service creating many orders at once
+	// would write them.
+	tasks := make([]outbox.Task, 0, last-first)
+	ids := make([]any, 0, last-first)
 	for i := first; i < last; i++ {
 		due := anchor.Add(delay)
 		if spread > 0 {
 			due = due.Add(time.Duration(float64(spread) * float64(i) / float64(n)))
 		}
 		run.due[i] = due.UnixMilli()
-		if orders {
-			if _, err := tx.ExecContext(ctx, "INSERT INTO bench_orders (id, status) VALUES (?, 'UNPAID')", run.key(i)); err != nil {
+		ids = append(ids, run.key(i))
+		tasks = append(tasks, outbox.Task{Topic: benchTopic, Key: run.key(i), DueAt: due})
+	}
+	if orders {
+		for len(ids) > 0 {
+			k := min(len(ids), 500)
+			if _, err := tx.ExecContext(ctx, "INSERT INTO bench_orders (id, status) VALUES "+strings.TrimSuffix(strings.Repeat("(?, 'UNPAID'),", k), ","), ids[:k]...); err != nil {
 				return err
 			}
+			ids = ids[k:]
 		}
-		if _, err := outbox.Schedule(ctx, tx, outbox.Task{Topic: benchTopic, Key: run.key(i), DueAt: due}); err != nil {
+	}
+	if len(tasks) == 1 {
+		if _, err := outbox.Schedule(ctx, tx, tasks[0]); err != nil {
 			return err
 		}
+	} else if err := outbox.ScheduleMany(ctx, tx, tasks); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
