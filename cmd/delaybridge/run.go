@@ -238,7 +238,7 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 }
 
 // lookaheadHelp documents --lookahead for run and bench.
-const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ 5s and RocketMQ 10s, see docs/tuning.md; 0 = every pending task at once)"
+const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 5s, and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
 
 // lookaheadSetting turns --lookahead into RelayConfig.Lookahead: unset is
 // the broker's advice (0), an explicit 0 every pending task at once (-1).
