@@ -118,9 +118,11 @@ func (f *flow) consume(t testing.TB, pub broker.Publisher, sub broker.Subscriber
 	})
 }
 
+// relay runs a relay that publishes every pending task at once (no
+// lookahead), so a test sees tasks due later in the broker too.
 func (f *flow) relay(t testing.TB, pub broker.Publisher) {
 	t.Helper()
-	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond})
+	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, Lookahead: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

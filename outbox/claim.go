@@ -140,38 +140,12 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 // MarkPublished records that the broker confirmed the messages of claimed
 // rows (those in c): state published, published_ms = at, the lease gone.
 // Rows a Cancel, Reschedule or another claim changed meanwhile are left
-// alone. Rows another transaction holds locked (a consumer already
-// handling the message, a claim scanning past) are skipped and tried again
-// after short pauses, so the relay's statement never holds a thousand row
-// locks while it waits for one; what is still locked after them is waited
-// for. It returns how many rows it marked.
+// alone. It returns how many rows it marked.
 func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64) (int64, error) {
-	const set = "state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL, next_attempt_ms = 0, lease_owner = 0"
-	var n int64
-	for _, pause := range markPauses {
-		k, busy, err := updateOwnedSkipLocked(ctx, db, owner, from, c, set, at, at)
-		n += k
-		if err != nil || len(busy) == 0 {
-			return n, err
-		}
-		c = busy
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return n, ctx.Err()
-		case <-t.C:
-		}
-	}
-	// What is still locked after the pauses is waited for, as any UPDATE.
-	k, err := updateOwned(ctx, db, owner, from, c, set, at, at)
-	return n + k, err
+	return updateOwned(ctx, db, owner, from, c,
+		"state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL, next_attempt_ms = 0, lease_owner = 0",
+		at, at)
 }
-
-// markPauses are MarkPublished's pauses before it tries again the rows
-// another transaction held: a consumer's group or a claim's scan holds
-// them for milliseconds.
-var markPauses = []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 100 * time.Millisecond}
 
 // MarkRescued records that claimed published rows were re-published at at:
 // the rescue counted, the next rescue no sooner than backoff(rescues) after.
@@ -235,110 +209,28 @@ func updateOwned(ctx context.Context, db *sql.DB, owner int64, from State, c []C
 
 // updateOwnedIn is updateOwned for rows in any of the states from.
 func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []State, c []Claimed, set string, setArgs ...any) (int64, error) {
-	var n int64
-	for _, ch := range ownedChunks(c) {
-		res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE "+ownedWhere(len(from), len(ch.ids)), ownedArgs(setArgs, owner, from, ch.gen, ch.ids)...)
-		if err != nil {
-			return n, fmt.Errorf("outbox: record claim outcome: %w", err)
-		}
-		k, _ := res.RowsAffected()
-		n += k
+	byGen := map[int64][]int64{}
+	for _, cl := range c {
+		byGen[cl.Message.Generation] = append(byGen[cl.Message.Generation], cl.Message.TaskID)
 	}
-	return n, nil
-}
-
-// updateOwnedSkipLocked is updateOwned that leaves alone the rows another
-// transaction has locked and returns them as busy: per chunk, in one short
-// READ COMMITTED transaction, it locks what it can with SKIP LOCKED and
-// updates those.
-func updateOwnedSkipLocked(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, set string, setArgs ...any) (n int64, busy []Claimed, err error) {
-	done := map[int64]bool{}
-	for _, ch := range ownedChunks(c) {
-		k, err := func() (int64, error) {
-			tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	var n int64
+	for gen, ids := range byGen {
+		for _, chunk := range chunks(ids) {
+			args := slices.Clone(setArgs)
+			args = append(args, owner)
+			for _, st := range from {
+				args = append(args, string(st))
+			}
+			args = append(append(args, gen), chunk...)
+			res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE lease_owner = ? AND state IN "+inList(len(from))+" AND generation = ? AND id IN "+inList(len(chunk)), args...)
 			if err != nil {
-				return 0, err
-			}
-			defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-			rows, err := tx.QueryContext(ctx, "SELECT id FROM delay_task WHERE id IN "+inList(len(ch.ids))+" FOR UPDATE SKIP LOCKED", ch.ids...)
-			if err != nil {
-				return 0, err
-			}
-			var locked []any
-			for rows.Next() {
-				var id int64
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return 0, err
-				}
-				locked = append(locked, id)
-				done[id] = true
-			}
-			if err := rows.Close(); err != nil {
-				return 0, err
-			}
-			if len(locked) == 0 {
-				return 0, tx.Commit()
-			}
-			res, err := tx.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE "+ownedWhere(1, len(locked)), ownedArgs(setArgs, owner, []State{from}, ch.gen, locked)...)
-			if err != nil {
-				return 0, err
+				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
 			}
 			k, _ := res.RowsAffected()
-			return k, tx.Commit()
-		}()
-		if err != nil {
-			return n, nil, fmt.Errorf("outbox: record claim outcome: %w", err)
-		}
-		n += k
-	}
-	for _, cl := range c {
-		if !done[cl.Message.TaskID] {
-			busy = append(busy, cl)
+			n += k
 		}
 	}
-	return n, busy, nil
-}
-
-// ownedChunk is claimed ids of one generation, at most maxInList of them.
-type ownedChunk struct {
-	gen int64
-	ids []any
-}
-
-// ownedChunks groups the ids of c by the generation claimed, in chunks.
-func ownedChunks(c []Claimed) []ownedChunk {
-	byGen := map[int64][]int64{}
-	var gens []int64
-	for _, cl := range c {
-		g := cl.Message.Generation
-		if _, ok := byGen[g]; !ok {
-			gens = append(gens, g)
-		}
-		byGen[g] = append(byGen[g], cl.Message.TaskID)
-	}
-	var out []ownedChunk
-	for _, g := range gens {
-		for _, chunk := range chunks(byGen[g]) {
-			out = append(out, ownedChunk{gen: g, ids: chunk})
-		}
-	}
-	return out
-}
-
-// ownedWhere is the condition on rows a claim still owns: lease_owner,
-// one of states states, the generation, and one of ids ids.
-func ownedWhere(states, ids int) string {
-	return "lease_owner = ? AND state IN " + inList(states) + " AND generation = ? AND id IN " + inList(ids)
-}
-
-// ownedArgs are the arguments of "SET set WHERE ownedWhere": setArgs first.
-func ownedArgs(setArgs []any, owner int64, from []State, gen int64, ids []any) []any {
-	args := append(slices.Clone(setArgs), owner)
-	for _, st := range from {
-		args = append(args, string(st))
-	}
-	return append(append(args, gen), ids...)
+	return n, nil
 }
 
 // maxInList keeps one statement's placeholders far below the server's

@@ -20,48 +20,21 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // would, runs fn for each live one, marks them done and commits. A task
 // that appears twice runs once (the second copy is SkippedDone).
 //
-// The first attempt runs the messages back to back, no statement of
-// bookkeeping per message. When fn fails for a message, that attempt is
-// rolled back whole, the message is reported in errs with its error, and
-// the group runs once more without it, each message now inside a savepoint
-// of its own: one that fails then is rolled back to its savepoint alone
-// and reported too, and the others are marked done and committed together.
-// So one failing message costs the others one more run of the group, never
-// their result; fn runs at most once per message for its own result; and
-// a group with no failure pays no savepoint round trips. err reports a
-// failure of the group as a whole (begin, lock, commit, or a savepoint the
-// server lost, as after a deadlock): nothing of it is committed and the
-// caller
+// Each message runs inside a savepoint of its own: one whose fn fails is
+// rolled back to its savepoint alone and reported in errs, and the others
+// are marked done and committed together. err reports a failure of the
+// group as a whole (begin, lock, commit, or a savepoint the server lost, as
+// after a deadlock): nothing of it is committed and the caller
 // handles each message on its own (broker.ConsumerConfig.Group does).
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
 	}
-	var failed groupFailure
-	outcomes, errs, err = handleGroup(ctx, db, msgs, fn, nil)
-	if errors.As(err, &failed) {
-		return handleGroup(ctx, db, msgs, fn, &failed)
-	}
-	return outcomes, errs, err
+	return handleGroup(ctx, db, msgs, fn)
 }
 
-// groupFailure is handleGroup's answer, without savepoints, when fn failed
-// for message index: the attempt is rolled back, and the group runs again
-// without that message and with a savepoint per message.
-type groupFailure struct {
-	index int
-	err   error
-}
-
-func (f groupFailure) Error() string {
-	return fmt.Sprintf("outbox: handle group: message %d failed (%v); run the group again without it", f.index, f.err)
-}
-
-// handleGroup is one attempt of HandleGroup: without savepoints when
-// failed is nil; else with a savepoint around each message, and the message
-// that failed the first attempt reported with its error and not run again.
-func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed *groupFailure) (outcomes []Outcome, errs []error, err error) {
-	isolate := failed != nil
+// handleGroup is HandleGroup's one transaction.
+func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: handle group: begin: %w", err)
@@ -94,18 +67,6 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		case r.due > r.dbNow:
 			errs[i] = &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
-			continue
-		case isolate && i == failed.index:
-			errs[i] = failed.err
-			continue
-		}
-		if !isolate {
-			if ferr := fn(ctx, tx, m); ferr != nil {
-				return nil, nil, groupFailure{index: i, err: ferr}
-			}
-			seen[r.id] = true
-			outcomes[i] = Handled
-			doneIDs = append(doneIDs, r.id)
 			continue
 		}
 		// One savepoint name, set anew for each message: only the current
