@@ -348,6 +348,9 @@ WHERE state = ? AND due_ms >= ? AND due_ms < ? GROUP BY 1`, lo, width, string(st
 				out[b] += c
 			}
 		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("outbox: due counts: %w", err)
+		}
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: due counts: %w", err)
 		}
@@ -384,6 +387,9 @@ WHERE state = 'done' AND due_ms >= ? AND due_ms < ? AND done_ms <> 0 ORDER BY du
 				return nil, fmt.Errorf("outbox: lateness series: %w", err)
 			}
 			ms = append(ms, l)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("outbox: lateness series: %w", err)
 		}
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: lateness series: %w", err)

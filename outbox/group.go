@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/delaybridge/delaybridge/broker"
 )
 
@@ -20,21 +22,69 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // would, runs fn for each live one, marks them done and commits. A task
 // that appears twice runs once (the second copy is SkippedDone).
 //
-// Each message runs inside a savepoint of its own: one whose fn fails is
-// rolled back to its savepoint alone and reported in errs, and the others
-// are marked done and committed together. err reports a failure of the
-// group as a whole (begin, lock, commit, or a savepoint the server lost, as
-// after a deadlock): nothing of it is committed and the caller
-// handles each message on its own (broker.ConsumerConfig.Group does).
+// The first attempt runs the messages back to back, with no statement of
+// its own between them. When fn fails for a message, that attempt is rolled
+// back whole and the group runs once more without it (its error reported
+// in errs), each remaining message inside a savepoint of its own: one whose
+// fn fails too is rolled back to its savepoint alone and reported, and the
+// others are marked done and committed together. So a failing message
+// costs the others one more run of the group, never their result, fn runs
+// once per message and attempt, and a group where nothing fails pays no
+// savepoint round trips. A group the server rolls back to break a deadlock
+// runs again, up to groupDeadlockRetries times. err reports a failure of
+// the group as a whole (begin, lock, commit, or a savepoint the server
+// lost): nothing of it is committed and the caller handles each message on
+// its own (broker.ConsumerConfig.Group does).
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
 	}
-	return handleGroup(ctx, db, msgs, fn)
+	var failed map[int]error
+	for deadlocks := 0; ; {
+		outcomes, errs, err = handleGroup(ctx, db, msgs, fn, failed)
+		var fe *firstFailure
+		switch {
+		case errors.As(err, &fe) && failed == nil:
+			failed = map[int]error{fe.i: fe.err}
+		case isDeadlock(err) && deadlocks < groupDeadlockRetries && ctx.Err() == nil:
+			// The server chose this group as a deadlock's victim and
+			// rolled it back whole; running it again is what it asks
+			// for, and far cheaper than one transaction per message.
+			deadlocks++
+		default:
+			return outcomes, errs, err
+		}
+	}
 }
 
-// handleGroup is HandleGroup's one transaction.
-func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
+// groupDeadlockRetries is how many times HandleGroup runs a group again
+// after the server rolled it back to break a deadlock.
+const groupDeadlockRetries = 3
+
+// isDeadlock reports whether err is the server's deadlock verdict (MySQL
+// and MariaDB error 1213), which rolls the whole transaction back.
+func isDeadlock(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1213
+}
+
+// firstFailure is handleGroup's answer, on its first attempt, when fn
+// failed for message i: that attempt is rolled back and the group runs
+// again without it.
+type firstFailure struct {
+	i   int
+	err error
+}
+
+func (f *firstFailure) Error() string {
+	return fmt.Sprintf("outbox: handle group: message %d failed (%v); running the group again without it", f.i, f.err)
+}
+
+// handleGroup is one transaction of HandleGroup. With failed nil it runs
+// every live message back to back and stops at the first fn that fails;
+// otherwise it reports the messages in failed with their errors and runs
+// each other one inside a savepoint of its own.
+func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error) (outcomes []Outcome, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: handle group: begin: %w", err)
@@ -67,6 +117,19 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		case r.due > r.dbNow:
 			errs[i] = &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
+			continue
+		}
+		if ferr, ok := failed[i]; ok {
+			errs[i] = ferr
+			continue
+		}
+		if failed == nil {
+			if ferr := fn(ctx, tx, m); ferr != nil {
+				return nil, nil, &firstFailure{i: i, err: ferr}
+			}
+			seen[r.id] = true
+			outcomes[i] = Handled
+			doneIDs = append(doneIDs, r.id)
 			continue
 		}
 		// One savepoint name, set anew for each message: only the current
@@ -133,6 +196,9 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 			}
 			r.key = string(key)
 			byID[r.id] = &r
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -208,4 +210,51 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 		t.Fatalf("%d groups, largest %d: a burst was not grouped", groups.Load(), largest.Load())
 	}
 	t.Logf("%d tasks in %d groups, largest %d", n, groups.Load(), largest.Load())
+}
+
+// A lock the group cannot get (here a lock wait that times out on the
+// second of its rows) fails the group as a whole: the rows read before the
+// error must not make the rest look missing, which would ack them while
+// their tasks stay open.
+func TestHandleGroup_ALockErrorMidwayFailsTheGroupAndSkipsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, second := b.order(t, "first", time.Now()), b.order(t, "second", time.Now())
+	cfg, err := mysql.ParseDSN(b.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	impatient, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = impatient.Close() })
+	holder, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback() //nolint:errcheck
+	if _, err := holder.ExecContext(b.ctx, "SELECT id FROM delay_task WHERE id = ? FOR UPDATE", second.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	out, errs, err := outbox.HandleGroup(b.ctx, impatient, []*broker.Message{first, second}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		ran = append(ran, m.Key)
+		return cancelOne(ctx, tx, m)
+	})
+	if err == nil {
+		t.Fatalf("HandleGroup = %v, %v, nil; want the lock error (the row it could not lock is not missing)", out, errs)
+	}
+	if len(ran) != 0 {
+		t.Fatalf("fn ran for %v in a group that failed", ran)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"first", "second"} {
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StatePending {
+			t.Errorf("%s task is %s, want still pending", id, info.State)
+		}
+	}
 }

@@ -96,6 +96,9 @@ func Migrate(ctx context.Context, db *sql.DB) ([]int, error) {
 		}
 		done[v] = true
 	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
 	if err := rows.Close(); err != nil {
 		return nil, err
 	}

@@ -132,6 +132,9 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 			addCount(counts, State(state.String), topic.String, int(n.Int64))
 		}
 	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: stats: read summary: %w", err)
+	}
 	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("outbox: stats: read summary: %w", err)
 	}

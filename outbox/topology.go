@@ -315,6 +315,9 @@ func Unconsumed(ctx context.Context, q Querier, now time.Time, grace, expiry tim
 		}
 		overdue[t] = n
 	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: overdue topics: %w", err)
+	}
 	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("outbox: overdue topics: %w", err)
 	}
