@@ -707,8 +707,8 @@ type deadData struct {
 	Dead int
 	// Shard is the shard shown, "" on an unsharded console.
 	Shard string
-	Page *outbox.SearchPage
-	Next string
+	Page  *outbox.SearchPage
+	Next  string
 }
 
 func (c *console) dead(w http.ResponseWriter, r *http.Request) {
