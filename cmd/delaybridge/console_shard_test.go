@@ -75,19 +75,20 @@ func unreachableShard(t *testing.T, name string) *consoleShard {
 	return &consoleShard{name: name, dsn: dsn, db: db}
 }
 
-// serveConsole serves a console over shards, logging into logs.
-func serveConsole(t *testing.T, a *app, shards []*consoleShard, sf *shardFlags, readOnly bool) *consoleBundle {
+// serveConsole serves a console over shards with the broker flags
+// brokerArgs, logging into logs.
+func serveConsole(t *testing.T, a *app, shards []*consoleShard, sf *shardFlags, brokerArgs ...string) *consoleBundle {
 	t.Helper()
 	b := &consoleBundle{logs: &syncBuffer{}, ids: map[string]int64{}}
 	a.log = slog.New(slog.NewTextHandler(b.logs, nil))
 	var bf brokerFlags
 	fs := pflag.NewFlagSet("console", pflag.ContinueOnError)
 	bf.register(fs)
-	if err := fs.Parse([]string{"--broker", "rabbit"}); err != nil {
+	if err := fs.Parse(brokerArgs); err != nil {
 		t.Fatal(err)
 	}
 	c, err := newConsole(a, shards, &bf, sf, consoleCredential{user: "ops", password: testConsolePassword},
-		consoleOptions{readOnly: readOnly, grace: 30 * time.Second, probe: 2 * time.Second})
+		consoleOptions{grace: 30 * time.Second, probe: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func serveConsole(t *testing.T, a *app, shards []*consoleShard, sf *shardFlags, 
 
 func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
 	a := &app{stdout: io.Discard, stderr: io.Discard}
-	b := serveConsole(t, a, []*consoleShard{unreachableShard(t, "eu-1"), unreachableShard(t, "eu-2")}, &shardFlags{}, false)
+	b := serveConsole(t, a, []*consoleShard{unreachableShard(t, "eu-1"), unreachableShard(t, "eu-2")}, &shardFlags{}, "--broker", "rabbit")
 	token := b.c.csrf.token("ops")
 	for _, tc := range []struct {
 		method, path string
@@ -148,7 +149,7 @@ func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
 	}
 
 	// An unsharded console knows no shard names.
-	one := serveConsole(t, &app{stdout: io.Discard, stderr: io.Discard}, []*consoleShard{{dsn: "u:p@tcp(127.0.0.1:1)/o", db: b.c.shards[0].db}}, &shardFlags{}, false)
+	one := serveConsole(t, &app{stdout: io.Discard, stderr: io.Discard}, []*consoleShard{{dsn: "u:p@tcp(127.0.0.1:1)/o", db: b.c.shards[0].db}}, &shardFlags{}, "--broker", "rabbit")
 	if code, body := one.get(t, "/tasks?shard=eu-1"); code != http.StatusNotFound || !strings.Contains(body, "this console serves one outbox database, not shards") {
 		t.Errorf("unsharded console with ?shard=: %d\n%s", code, body)
 	}
@@ -232,7 +233,7 @@ func TestConsole_InABrowser_ServesEachShardOnItsOwnDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeShards(shards) })
-	con := serveConsole(t, app, shards, sf, false)
+	con := serveConsole(t, app, shards, sf, rabbitFlags(t)...)
 	ctx := browser(t)
 
 	// Overview: each shard's counts under its name, the totals, and shard c
@@ -338,5 +339,23 @@ func TestConsole_InABrowser_ServesEachShardOnItsOwnDatabase(t *testing.T) {
 	}
 	if code, _ := con.get(t, fmt.Sprintf("/tasks/%d?shard=nope", b.ids["b-2"])); code != http.StatusNotFound {
 		t.Errorf("unknown shard: %d, want 404", code)
+	}
+
+	// Doctor's checks from the brokers page cover every shard by name.
+	navigate(t, ctx, con, "/brokers")
+	submit(t, ctx, "doctor-button")
+	deadline := time.Now().Add(90 * time.Second)
+	for con.c.lastDoctor().Running && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	navigate(t, ctx, con, "/brokers")
+	got := text(t, ctx, "doctor")
+	for _, want := range []string{"shard a: outbox schema at version", "shard b: outbox schema at version", "shard c: database", "RabbitMQ"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("doctor's checks lack %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "secretpw") {
+		t.Errorf("doctor's checks show a password:\n%s", got)
 	}
 }
