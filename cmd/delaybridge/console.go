@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -38,6 +37,7 @@ type consoleOptions struct {
 func newConsoleCmd(a *app) *cobra.Command {
 	var (
 		bf   brokerFlags
+		sf   shardFlags
 		opts consoleOptions
 	)
 	cmd := &cobra.Command{
@@ -53,6 +53,11 @@ settings (the same --mysql-dsn and broker flags as run and doctor):
   /tasks/ID  one task's timeline; cancel, reschedule, replay
   /dead      dead tasks with their errors; replay one or many
   /brokers   the delay limits in effect and doctor's checks
+
+With --shard NAME=DSN (repeated, as for status and doctor) it serves every
+outbox shard: the overview shows each shard under its name, plus totals, and
+a shard that cannot be read as down with its error; search, a task's page,
+its actions and the dead list work on the shard named by ?shard=NAME.
 
 Every request needs the user:password held in --auth-file (HTTP basic auth).
 Actions are POSTs that carry a CSRF token, are refused from other origins,
@@ -78,12 +83,12 @@ See docs/console.md.`,
 			if err := bf.check(a); err != nil {
 				a.log.Warn("delaybridge console: the brokers page cannot show limits", "err", err)
 			}
-			db, err := a.openDB(ctx)
+			shards, err := a.openConsoleShards(ctx, &sf)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			c, err := newConsole(a, db, &bf, cred, opts)
+			defer closeShards(shards)
+			c, err := newConsole(a, shards, &bf, &sf, cred, opts)
 			if err != nil {
 				return err
 			}
@@ -120,6 +125,7 @@ See docs/console.md.`,
 	}
 	f := cmd.Flags()
 	bf.register(f)
+	sf.register(f)
 	f.StringVar(&opts.listen, "listen", "127.0.0.1:9465", "address the console listens on; beyond loopback it needs --tls-cert/--tls-key or --allow-plain-http")
 	f.StringVar(&opts.authFile, "auth-file", "", "file holding the console's credential as user:password on one line (password at least 16 characters); required")
 	f.BoolVar(&opts.readOnly, "read-only", false, "show everything, change nothing: refuse cancel, reschedule and replay")
@@ -131,11 +137,13 @@ See docs/console.md.`,
 	return cmd
 }
 
-// console is the operator's web console over one outbox database.
+// console is the operator's web console over one outbox database, or over
+// the databases of every outbox shard.
 type console struct {
 	a        *app
-	db       *sql.DB
+	shards   []*consoleShard
 	bf       *brokerFlags
+	sf       *shardFlags
 	cred     consoleCredential
 	csrf     *csrf
 	log      *slog.Logger
@@ -165,7 +173,19 @@ type doctorRun struct {
 	Warned   int
 }
 
-func newConsole(a *app, db *sql.DB, bf *brokerFlags, cred consoleCredential, opts consoleOptions) (*console, error) {
+// newConsole serves shards: one unnamed shard for an unsharded outbox, or
+// every --shard, each named. sf is what the brokers page hands doctor.
+func newConsole(a *app, shards []*consoleShard, bf *brokerFlags, sf *shardFlags, cred consoleCredential, opts consoleOptions) (*console, error) {
+	if len(shards) == 0 {
+		return nil, errors.New("console: no outbox database")
+	}
+	if len(shards) > 1 || shards[0].name != "" {
+		for _, sh := range shards {
+			if !validShardName(sh.name) {
+				return nil, fmt.Errorf("console: shard name %q: want 1-64 of [A-Za-z0-9_-]", sh.name)
+			}
+		}
+	}
 	cs, err := newCSRF(time.Now)
 	if err != nil {
 		return nil, err
@@ -175,7 +195,7 @@ func newConsole(a *app, db *sql.DB, bf *brokerFlags, cred consoleCredential, opt
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &console{a: a, db: db, bf: bf, cred: cred, csrf: cs, log: a.log, readOnly: opts.readOnly, grace: opts.grace, probe: opts.probe,
+	return &console{a: a, shards: shards, bf: bf, sf: sf, cred: cred, csrf: cs, log: a.log, readOnly: opts.readOnly, grace: opts.grace, probe: opts.probe,
 		now: time.Now, pages: pages, ctx: ctx, stop: stop}, nil
 }
 
@@ -247,7 +267,7 @@ func (c *console) startDoctor(by string) bool {
 		// the checks, and the console shows them.
 		quiet := *c.a
 		quiet.stdout = io.Discard
-		r := runDoctor(ctx, &quiet, c.bf, &shardFlags{}, c.probe)
+		r := runDoctor(ctx, &quiet, c.bf, c.sf, c.probe)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.doctor.Running, c.doctor.Finished = false, c.now()

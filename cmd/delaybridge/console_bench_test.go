@@ -63,7 +63,7 @@ FROM seq_`+strconv.Itoa(lo)+`_to_`+strconv.Itoa(hi),
 	}
 
 	a := &app{mysqlDSN: dsn, stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	c, err := newConsole(a, db, &brokerFlags{delaybridge.Config{Broker: "rabbit"}}, consoleCredential{user: "ops", password: testConsolePassword}, consoleOptions{grace: 30 * time.Second})
+	c, err := newConsole(a, []*consoleShard{{dsn: dsn, db: db}}, &brokerFlags{delaybridge.Config{Broker: "rabbit"}}, &shardFlags{}, consoleCredential{user: "ops", password: testConsolePassword}, consoleOptions{grace: 30 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func setupConsole(t *testing.T, readOnly bool) *consoleBundle {
 	if err := fs.Parse(rabbitFlags(t)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := newConsole(a, db, &bf, consoleCredential{user: "ops", password: testConsolePassword},
+	c, err := newConsole(a, []*consoleShard{{dsn: dsn, db: db}}, &bf, &shardFlags{}, consoleCredential{user: "ops", password: testConsolePassword},
 		consoleOptions{readOnly: readOnly, grace: 30 * time.Second, probe: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

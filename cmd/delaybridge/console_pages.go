@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"html/template"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -31,7 +33,11 @@ type view struct {
 	Flash    string
 	Error    string
 	Refresh  int
-	Data     any
+	// Shard names the shard the page is about, "" on an unsharded console
+	// and on the overview; Shards switch to the same page of each shard.
+	Shard  string
+	Shards []shardLink
+	Data   any
 }
 
 // parseConsolePages parses each page template with the layout.
@@ -42,6 +48,7 @@ func parseConsolePages() (map[string]*template.Template, error) {
 		"dur":   fmtDur,
 		"short": shortText,
 		"add":   func(a, b int) int { return a + b },
+		"shard": withShard,
 	}
 	names, err := fs.Glob(consoleFiles, "console/*.html")
 	if err != nil {
@@ -70,6 +77,11 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, page string, st
 	if v.Nav == "" {
 		v.Nav = page
 	}
+	if v.Shard != "" && (page == "tasks" || page == "dead") {
+		for _, name := range c.shardNames() {
+			v.Shards = append(v.Shards, shardLink{Name: name, Href: withShard("/"+page, name), Here: name == v.Shard})
+		}
+	}
 	var buf bytes.Buffer
 	if err := c.pages[page].ExecuteTemplate(&buf, "layout", v); err != nil {
 		c.log.Error("console: rendering a page failed", "page", page, "err", err)
@@ -86,10 +98,22 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, page string, st
 func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
 	msg := err.Error()
 	if status >= 500 {
-		c.log.Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", scrub(err, c.a.mysqlDSN))
+		c.log.Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", scrub(err, c.secrets()...))
 		msg = "the database could not answer; see the console's log"
 	}
 	c.render(w, r, "error", status, view{Title: http.StatusText(status), Nav: "none", Error: msg})
+}
+
+// failOn is fail for an error of shard sh's database: a 500 that names the
+// shard.
+func (c *console) failOn(w http.ResponseWriter, r *http.Request, sh *consoleShard, err error) {
+	if sh.name == "" {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.logFor(sh).Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", sh.describe(err))
+	c.render(w, r, "error", http.StatusInternalServerError, view{Title: http.StatusText(http.StatusInternalServerError), Nav: "none",
+		Error: fmt.Sprintf("shard %s: its database could not answer; see the console's log", sh.name)})
 }
 
 func fmtTime(t time.Time) string {
@@ -161,20 +185,121 @@ type latenessRow struct {
 // buckets.
 const overviewBuckets = 12
 
-func (c *console) overview(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	now := c.now()
-	d, err := c.overviewData(ctx, now)
-	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
-		return
-	}
-	c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: d, Refresh: 30})
+// shardOverview is one shard's part of the overview.
+type shardOverview struct {
+	// Name is the shard's name, "" on an unsharded console.
+	Name string
+	// ID prefixes the ids of the section's elements: "" unsharded, else
+	// "shard-NAME-".
+	ID string
+	// Err says why the shard could not be read; D is nil then.
+	Err string
+	D   *overviewData
 }
 
-func (c *console) overviewData(ctx context.Context, now time.Time) (*overviewData, error) {
-	st, err := outbox.ReadStats(ctx, c.db, now, c.grace, time.Hour)
+// overviewTotals adds up the shards that answered.
+type overviewTotals struct {
+	Dead, Overdue, DueTotal, Done, Cancelled int
+	OldestPendingDue                         time.Time
+	OldestShard                              string
+	Backlog                                  []backlogRow
+	Up, Down                                 int
+	// Uncounted lists the shards that answered but have no background
+	// count yet: their backlog is missing from the totals.
+	Uncounted []string
+}
+
+type overviewPage struct {
+	Now     time.Time
+	Sharded bool
+	Shards  []shardOverview
+	Total   overviewTotals
+}
+
+// overviewTimeout bounds each shard's part of the overview; the shards are
+// read at once, so a shard that hangs delays the page by this at most.
+const overviewTimeout = 10 * time.Second
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request) {
+	now := c.now()
+	if !c.sharded() {
+		ctx, cancel := context.WithTimeout(r.Context(), overviewTimeout)
+		defer cancel()
+		d, err := c.overviewData(ctx, c.shards[0].db, now)
+		if err != nil {
+			c.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+		c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: &overviewPage{Now: now, Shards: []shardOverview{{D: d}}}, Refresh: 30})
+		return
+	}
+	p := &overviewPage{Now: now, Sharded: true, Shards: make([]shardOverview, len(c.shards))}
+	var wg sync.WaitGroup
+	for i, sh := range c.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.Context(), overviewTimeout)
+			defer cancel()
+			so := shardOverview{Name: sh.name, ID: "shard-" + sh.name + "-"}
+			d, err := c.overviewData(ctx, sh.db, now)
+			if err != nil {
+				so.Err = sh.describe(err)
+				c.logFor(sh).Warn("console: a shard could not be read for the overview", "who", who(r), "err", so.Err)
+			} else {
+				so.D = d
+			}
+			p.Shards[i] = so
+		}()
+	}
+	wg.Wait()
+	p.Total = overviewTotal(p.Shards)
+	c.render(w, r, "overview", http.StatusOK, view{Title: "Overview", Data: p, Refresh: 30})
+}
+
+// overviewTotal adds up the figures of the shards that answered.
+func overviewTotal(shards []shardOverview) overviewTotals {
+	var t overviewTotals
+	topics := map[string]*backlogRow{}
+	for _, so := range shards {
+		if so.D == nil {
+			t.Down++
+			continue
+		}
+		t.Up++
+		st := so.D.Stats
+		t.Dead += st.Dead
+		t.Overdue += st.Overdue
+		t.DueTotal += so.D.DueTotal
+		if !st.OldestPendingDue.IsZero() && (t.OldestPendingDue.IsZero() || st.OldestPendingDue.Before(t.OldestPendingDue)) {
+			t.OldestPendingDue, t.OldestShard = st.OldestPendingDue, so.Name
+		}
+		if !so.D.HasCounts {
+			t.Uncounted = append(t.Uncounted, so.Name)
+			continue
+		}
+		t.Done += st.Done
+		t.Cancelled += st.Cancelled
+		for _, b := range so.D.Backlog {
+			row := topics[b.Topic]
+			if row == nil {
+				row = &backlogRow{Topic: b.Topic}
+				topics[b.Topic] = row
+			}
+			row.Pending += b.Pending
+			row.Published += b.Published
+			row.Dead += b.Dead
+		}
+	}
+	for _, row := range topics {
+		t.Backlog = append(t.Backlog, *row)
+	}
+	slices.SortFunc(t.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
+	return t
+}
+
+func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.Time) (*overviewData, error) {
+	st, err := outbox.ReadStats(ctx, db, now, c.grace, time.Hour)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +327,7 @@ func (c *console) overviewData(ctx context.Context, now time.Time) (*overviewDat
 	}
 	slices.SortFunc(d.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
 
-	due, err := outbox.DueCounts(ctx, c.db, now, time.Hour, overviewBuckets)
+	due, err := outbox.DueCounts(ctx, db, now, time.Hour, overviewBuckets)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +335,7 @@ func (c *console) overviewData(ctx context.Context, now time.Time) (*overviewDat
 		d.DueTotal += n
 	}
 	d.Due = newBarChart(due, func(i int) string { return fmt.Sprintf("+%dm", i*60/overviewBuckets) })
-	late, err := outbox.LatenessSeries(ctx, c.db, now, time.Hour, overviewBuckets)
+	late, err := outbox.LatenessSeries(ctx, db, now, time.Hour, overviewBuckets)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +345,7 @@ func (c *console) overviewData(ctx context.Context, now time.Time) (*overviewDat
 		d.LateRows = append(d.LateRows, latenessRow{From: from, To: from.Add(width), L: l})
 	}
 	d.Lateness = newLatenessChart(late, func(i int) string { return fmt.Sprintf("-%dm", 60-i*60/overviewBuckets) })
-	if d.RescDone, d.RescPub, err = outbox.Rescues(ctx, c.db, now, time.Hour); err != nil {
+	if d.RescDone, d.RescPub, err = outbox.Rescues(ctx, db, now, time.Hour); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -254,11 +379,15 @@ func parseWindowEdge(s string, now time.Time) (time.Time, error) {
 }
 
 func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
+	sh, status, err := c.shardFor(r, false)
+	if err != nil {
+		c.fail(w, r, status, err)
+		return
+	}
 	now := c.now()
 	q := r.URL.Query()
 	d := &tasksData{Now: now, Form: q, States: outbox.States}
 	s := outbox.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state")), After: q.Get("after")}
-	var err error
 	if s.DueFrom, err = parseWindowEdge(q.Get("from"), now); err == nil {
 		s.DueTo, err = parseWindowEdge(q.Get("to"), now)
 	}
@@ -266,18 +395,18 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 		err = broker.ValidateTopic(s.Topic)
 	}
 	if err != nil {
-		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Data: d})
+		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Shard: sh.name, Data: d})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	page, err := outbox.Search(ctx, c.db, s)
+	page, err := outbox.Search(ctx, sh.db, s)
 	if errors.Is(err, outbox.ErrBadSearch) {
-		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Data: d})
+		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Shard: sh.name, Data: d})
 		return
 	}
 	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+		c.failOn(w, r, sh, err)
 		return
 	}
 	d.Page = page
@@ -287,9 +416,12 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 			next[k] = v
 		}
 		next.Set("after", page.Next)
+		if sh.name != "" {
+			next.Set("shard", sh.name)
+		}
 		d.Next = "/tasks?" + next.Encode()
 	}
-	c.render(w, r, "tasks", http.StatusOK, view{Title: "Tasks", Data: d})
+	c.render(w, r, "tasks", http.StatusOK, view{Title: "Tasks", Shard: sh.name, Data: d})
 }
 
 // ---------------------------------------------------------------- one task
@@ -316,6 +448,11 @@ type taskData struct {
 const revealLimit = 64 << 10
 
 func (c *console) task(w http.ResponseWriter, r *http.Request) {
+	sh, status, err := c.shardFor(r, true)
+	if err != nil {
+		c.fail(w, r, status, err)
+		return
+	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
 		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("task id %q: want a positive number", r.PathValue("id")))
@@ -323,13 +460,13 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	t, err := outbox.GetByID(ctx, c.db, id)
+	t, err := outbox.GetByID(ctx, sh.db, id)
 	if errors.Is(err, outbox.ErrNotFound) {
-		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no task %d (finished tasks are deleted after their retention)", id))
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no task %d%s (finished tasks are deleted after their retention)", id, inShard(sh)))
 		return
 	}
 	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+		c.failOn(w, r, sh, err)
 		return
 	}
 	now := c.now()
@@ -346,9 +483,9 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 		} else {
 			d.Payload, d.Binary = fmt.Sprintf("% x", p), true
 		}
-		c.log.Info("console: revealed a task's key and payload", "who", who(r), "remote", r.RemoteAddr, "id", t.ID, "topic", t.Task.Topic)
+		c.logFor(sh).Info("console: revealed a task's key and payload", "who", who(r), "remote", r.RemoteAddr, "id", t.ID, "topic", t.Task.Topic)
 	}
-	v := view{Title: fmt.Sprintf("Task %d", t.ID), Nav: "tasks", Data: d}
+	v := view{Title: fmt.Sprintf("Task %d%s", t.ID, inShard(sh)), Nav: "tasks", Shard: sh.name, Data: d}
 	switch r.URL.Query().Get("done") {
 	case "cancel":
 		v.Flash = "Cancelled."
@@ -358,6 +495,14 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 		v.Flash = "Replayed: pending again, attempts reset."
 	}
 	c.render(w, r, "task", http.StatusOK, v)
+}
+
+// inShard is " in shard NAME" for a named shard, else "".
+func inShard(sh *consoleShard) string {
+	if sh.name == "" {
+		return ""
+	}
+	return " in shard " + sh.name
 }
 
 // actionsFor lists the actions a task in state st allows.
@@ -466,8 +611,13 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if c.readOnly {
-		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", action, "id", r.PathValue("id"))
+		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", action, "id", r.PathValue("id"), "shard", r.URL.Query().Get("shard"))
 		c.fail(w, r, http.StatusForbidden, errors.New("this console is read-only (--read-only): no task can be changed from it"))
+		return
+	}
+	sh, status, err := c.shardFor(r, true)
+	if err != nil {
+		c.fail(w, r, status, err)
 		return
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -484,19 +634,19 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if r.PostForm.Get("confirm") != "yes" {
-		target := fmt.Sprintf("task %d", id)
+		target := fmt.Sprintf("task %d%s", id, inShard(sh))
 		if action == "reschedule" {
 			target += " to " + fmtTime(due)
 		}
-		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "tasks", Data: confirmData{
-			Action: action, Target: target, Count: 1, Back: fmt.Sprintf("/tasks/%d", id),
+		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "tasks", Shard: sh.name, Data: confirmData{
+			Action: action, Target: target, Count: 1, Back: withShard(fmt.Sprintf("/tasks/%d", id), sh.name),
 			Fields: map[string][]string{"when": {r.PostForm.Get("when")}},
 		}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	topic, err := c.actOn(ctx, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
+	topic, err := actOn(ctx, sh.db, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
 		switch action {
 		case "cancel":
 			return outbox.Cancel(ctx, q, topic, key)
@@ -506,35 +656,36 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 			return outbox.Replay(ctx, q, topic, key)
 		}
 	})
-	log := c.log.With("who", who(r), "remote", r.RemoteAddr, "action", action, "id", id, "topic", topic)
+	log := c.logFor(sh).With("who", who(r), "remote", r.RemoteAddr, "action", action, "id", id, "topic", topic)
 	if action == "reschedule" {
 		log = log.With("due", due.UTC())
 	}
 	if err != nil {
-		log.Warn("console: action failed", "err", scrub(err, c.a.mysqlDSN))
+		log.Warn("console: action failed", "err", scrub(err, c.secrets()...))
 		// The outbox's errors name the key; the page says why without it.
+		in := inShard(sh)
 		switch {
 		case errors.Is(err, outbox.ErrNotFound):
-			c.fail(w, r, http.StatusNotFound, fmt.Errorf("cannot %s task %d: it no longer exists", action, id))
+			c.fail(w, r, http.StatusNotFound, fmt.Errorf("cannot %s task %d%s: it no longer exists", action, id, in))
 		case errors.Is(err, outbox.ErrFinished):
-			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot %s task %d: it is already done or cancelled", action, id))
+			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot %s task %d%s: it is already done or cancelled", action, id, in))
 		case errors.Is(err, outbox.ErrInvalidDue), errors.Is(err, broker.ErrTooFar):
-			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("cannot %s task %d: %w", action, id, err))
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("cannot %s task %d%s: %w", action, id, in, err))
 		case action == "replay" && strings.Contains(err.Error(), "not dead"):
-			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot replay task %d: it is not dead", id))
+			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot replay task %d%s: it is not dead", id, in))
 		default:
-			c.fail(w, r, http.StatusInternalServerError, err)
+			c.failOn(w, r, sh, err)
 		}
 		return
 	}
 	log.Info("console: action done")
-	http.Redirect(w, r, fmt.Sprintf("/tasks/%d?done=%s", id, action), http.StatusSeeOther)
+	http.Redirect(w, r, withShard(fmt.Sprintf("/tasks/%d?done=%s", id, action), sh.name), http.StatusSeeOther)
 }
 
-// actOn runs fn on task id inside a transaction that locks the row first,
-// so the action hits exactly the row shown, and returns its topic.
-func (c *console) actOn(ctx context.Context, id int64, fn func(ctx context.Context, q outbox.Querier, topic, key string) error) (string, error) {
-	tx, err := c.db.BeginTx(ctx, nil)
+// actOn runs fn on task id of db inside a transaction that locks the row
+// first, so the action hits exactly the row shown, and returns its topic.
+func actOn(ctx context.Context, db *sql.DB, id int64, fn func(ctx context.Context, q outbox.Querier, topic, key string) error) (string, error) {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", err
 	}
@@ -554,32 +705,39 @@ func (c *console) actOn(ctx context.Context, id int64, fn func(ctx context.Conte
 type deadData struct {
 	Now  time.Time
 	Dead int
-	Page *outbox.SearchPage
-	Next string
+	// Shard is the shard shown, "" on an unsharded console.
+	Shard string
+	Page  *outbox.SearchPage
+	Next  string
 }
 
 func (c *console) dead(w http.ResponseWriter, r *http.Request) {
+	sh, status, err := c.shardFor(r, false)
+	if err != nil {
+		c.fail(w, r, status, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	page, err := outbox.Search(ctx, c.db, outbox.SearchQuery{State: outbox.StateDead, After: r.URL.Query().Get("after"), Limit: 100})
+	page, err := outbox.Search(ctx, sh.db, outbox.SearchQuery{State: outbox.StateDead, After: r.URL.Query().Get("after"), Limit: 100})
 	if errors.Is(err, outbox.ErrBadSearch) {
 		c.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
 	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+		c.failOn(w, r, sh, err)
 		return
 	}
-	st, err := outbox.ReadStats(ctx, c.db, c.now(), c.grace, 0)
+	st, err := outbox.ReadStats(ctx, sh.db, c.now(), c.grace, 0)
 	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+		c.failOn(w, r, sh, err)
 		return
 	}
-	d := &deadData{Now: c.now(), Dead: st.Dead, Page: page}
+	d := &deadData{Now: c.now(), Dead: st.Dead, Shard: sh.name, Page: page}
 	if page.Next != "" {
-		d.Next = "/dead?" + url.Values{"after": {page.Next}}.Encode()
+		d.Next = withShard("/dead?"+url.Values{"after": {page.Next}}.Encode(), sh.name)
 	}
-	v := view{Title: "Dead tasks", Data: d}
+	v := view{Title: "Dead tasks", Shard: sh.name, Data: d}
 	if n := r.URL.Query().Get("replayed"); n != "" {
 		v.Flash = "Replayed " + n + " task(s): pending again."
 		if f := r.URL.Query().Get("failed"); f != "" && f != "0" {
@@ -595,8 +753,13 @@ const maxReplay = 100
 
 func (c *console) deadReplay(w http.ResponseWriter, r *http.Request) {
 	if c.readOnly {
-		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", "replay")
+		c.log.Warn("console: refused an action in read-only mode", "who", who(r), "remote", r.RemoteAddr, "action", "replay", "shard", r.URL.Query().Get("shard"))
 		c.fail(w, r, http.StatusForbidden, errors.New("this console is read-only (--read-only): no task can be changed from it"))
+		return
+	}
+	sh, status, err := c.shardFor(r, true)
+	if err != nil {
+		c.fail(w, r, status, err)
 		return
 	}
 	var ids []int64
@@ -619,8 +782,8 @@ func (c *console) deadReplay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.PostForm.Get("confirm") != "yes" {
-		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "dead", Data: confirmData{
-			Action: "replay", Target: fmt.Sprintf("%d dead task(s)", len(ids)), Count: len(ids), Back: "/dead",
+		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "dead", Shard: sh.name, Data: confirmData{
+			Action: "replay", Target: fmt.Sprintf("%d dead task(s)%s", len(ids), inShard(sh)), Count: len(ids), Back: withShard("/dead", sh.name),
 			Fields: map[string][]string{"id": r.PostForm["id"]},
 		}})
 		return
@@ -629,19 +792,19 @@ func (c *console) deadReplay(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	replayed, failed := 0, 0
 	for _, id := range ids {
-		topic, err := c.actOn(ctx, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
+		topic, err := actOn(ctx, sh.db, id, func(ctx context.Context, q outbox.Querier, topic, key string) error {
 			return outbox.Replay(ctx, q, topic, key)
 		})
-		log := c.log.With("who", who(r), "remote", r.RemoteAddr, "action", "replay", "id", id, "topic", topic)
+		log := c.logFor(sh).With("who", who(r), "remote", r.RemoteAddr, "action", "replay", "id", id, "topic", topic)
 		if err != nil {
 			failed++
-			log.Warn("console: action failed", "err", scrub(err, c.a.mysqlDSN))
+			log.Warn("console: action failed", "err", scrub(err, c.secrets()...))
 			continue
 		}
 		replayed++
 		log.Info("console: action done")
 	}
-	http.Redirect(w, r, fmt.Sprintf("/dead?replayed=%d&failed=%d", replayed, failed), http.StatusSeeOther)
+	http.Redirect(w, r, withShard(fmt.Sprintf("/dead?replayed=%d&failed=%d", replayed, failed), sh.name), http.StatusSeeOther)
 }
 
 // ---------------------------------------------------------------- brokers

@@ -18,8 +18,9 @@ import (
 // daemon per shard (`run --shard-name NAME --mysql-dsn DSN`): a dead or slow
 // shard then stalls only its own daemon, and each daemon is the unsharded
 // one, unchanged. status and doctor read every shard in one command
-// (--shard NAME=DSN, repeated) and name the shard on every line they print.
-// docs/deployment.md describes the shape.
+// (--shard NAME=DSN, repeated) and name the shard on every line they print;
+// the console serves every shard (console_shard.go). docs/deployment.md
+// describes the shape.
 
 // shard is one outbox database and the name it is reported under.
 type shard struct {
@@ -27,7 +28,8 @@ type shard struct {
 	dsn  string
 }
 
-// shardFlags is the repeatable --shard NAME=DSN of status and doctor.
+// shardFlags is the repeatable --shard NAME=DSN of status, doctor and
+// console.
 type shardFlags struct {
 	raw []string
 }
