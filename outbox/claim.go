@@ -123,7 +123,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 	}
 	for _, chunk := range chunks(ids) {
 		args := append([]any{spec.Owner, spec.LeaseUntil}, chunk...)
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+inList(len(chunk)), args...); err != nil {
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+inList(len(chunk)), args...); err != nil {
 			return nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
 		}
 	}
@@ -222,7 +222,7 @@ func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []State, c
 				args = append(args, string(st))
 			}
 			args = append(append(args, gen), chunk...)
-			res, err := db.ExecContext(ctx, "UPDATE delay_task SET "+set+" WHERE lease_owner = ? AND state IN "+inList(len(from))+" AND generation = ? AND id IN "+inList(len(chunk)), args...)
+			res, err := db.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET "+set+" WHERE lease_owner = ? AND state IN "+inList(len(from))+" AND generation = ? AND id IN "+inList(len(chunk)), args...)
 			if err != nil {
 				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
 			}

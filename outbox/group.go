@@ -150,7 +150,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	}
 	now := time.Now().UnixMilli()
 	for _, chunk := range chunks(doneIDs) {
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
 			append([]any{now, now}, chunk...)...); err != nil {
 			return nil, nil, fmt.Errorf("outbox: handle group: mark done: %w", err)
 		}
@@ -181,7 +181,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 	byID := map[int64]*groupRow{}
 	for _, chunk := range chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
-			" FROM delay_task WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
+			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
