@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -80,30 +81,76 @@ func (r *benchRun) seen(i int, now time.Time) {
 	}
 }
 
+// benchFlags are bench's workload and tuning flags.
+type benchFlags struct {
+	bf         brokerFlags
+	tasks      int
+	rate       float64
+	delay      time.Duration
+	spread     time.Duration
+	handler    string
+	baseline   bool
+	asJSON     bool
+	preload    bool
+	producers  int
+	perTx      int
+	relayWkrs  int
+	relayBatch int
+	lookahead  time.Duration
+	anchored   bool
+	cpuProfile string
+	concurrent int
+	group      int
+	wait       time.Duration
+	httpAddr   string
+	relayOnly  bool
+}
+
+func (o *benchFlags) register(f *pflag.FlagSet) {
+	o.bf.register(f)
+	f.IntVar(&o.tasks, "tasks", 10000, "tasks to schedule")
+	f.Float64Var(&o.rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
+	f.DurationVar(&o.delay, "delay", 2*time.Second, "delay of each task after its scheduling")
+	f.DurationVar(&o.spread, "spread", 0, "spread the due times over this window after --delay (0 = one burst)")
+	f.StringVar(&o.handler, "handler", "noop", "handler: noop or db (outbox.Handle + conditional UPDATE)")
+	f.BoolVar(&o.baseline, "baseline", false, "also measure a raw confirmed publish of the same number of messages")
+	f.BoolVar(&o.asJSON, "json", false, "end with one JSON object on the last line of stdout")
+	f.BoolVar(&o.preload, "preload", false, "schedule everything before starting the relay")
+	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
+	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
+	f.IntVar(&o.relayWkrs, "relay-workers", 4, "relay claim loops")
+	f.IntVar(&o.relayBatch, "relay-batch", 1000, "rows one relay claim takes")
+	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
+	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
+	f.IntVar(&o.concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
+	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
+	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
+	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+}
+
+// check checks the workload flags and returns the relay's lookahead.
+func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
+	if o.tasks <= 0 || o.producers <= 0 || o.perTx <= 0 || (o.handler != "noop" && o.handler != "db") {
+		return 0, fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
+	}
+	ahead, err := lookaheadSetting(fs, o.lookahead)
+	if err != nil {
+		return 0, err
+	}
+	if o.relayOnly {
+		// The relay's throughput, not its timing: everything at once.
+		if ahead > 0 {
+			return 0, fmt.Errorf("--relay-only cannot wait for a lookahead: leave --lookahead unset")
+		}
+		ahead = -1
+	}
+	return ahead, nil
+}
+
 func newBenchCmd(a *app) *cobra.Command {
-	var (
-		bf         brokerFlags
-		tasks      int
-		rate       float64
-		delay      time.Duration
-		spread     time.Duration
-		handler    string
-		baseline   bool
-		asJSON     bool
-		preload    bool
-		producers  int
-		perTx      int
-		relayWkrs  int
-		relayBatch int
-		lookahead  time.Duration
-		anchored   bool
-		cpuProfile string
-		concurrent int
-		group      int
-		wait       time.Duration
-		httpAddr   string
-		relayOnly  bool
-	)
+	o := &benchFlags{}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Load-test the whole path: schedule, relay, broker delay, consumer",
@@ -132,8 +179,8 @@ applied twice.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
+			if o.cpuProfile != "" {
+				f, err := os.Create(o.cpuProfile)
 				if err != nil {
 					return fmt.Errorf("--cpuprofile: %w", err)
 				}
@@ -143,293 +190,349 @@ applied twice.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			if tasks <= 0 || producers <= 0 || perTx <= 0 || (handler != "noop" && handler != "db") {
-				return fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
-			}
-			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
+			ahead, err := o.check(cmd.Flags())
 			if err != nil {
 				return err
 			}
-			if relayOnly {
-				// The relay's throughput, not its timing: everything at once.
-				if ahead > 0 {
-					return fmt.Errorf("--relay-only cannot wait for a lookahead: leave --lookahead unset")
-				}
-				ahead = -1
-			}
-			a.useDevDefaults(&bf)
-			if err := bf.check(a); err != nil {
-				return err
-			}
-			db, err := a.openDB(ctx)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			db.SetMaxOpenConns(producers + relayWkrs + concurrent + 8)
-			db.SetMaxIdleConns(producers + relayWkrs + concurrent + 8)
-			if _, err := outbox.Migrate(ctx, db); err != nil {
-				return err
-			}
-			if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (
-  id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
-				return err
-			}
-			for _, q := range []string{"DELETE FROM bench_orders", "DELETE FROM delay_task WHERE topic = '" + benchTopic + "'"} {
-				if _, err := db.ExecContext(ctx, q); err != nil {
-					return err
-				}
-			}
-			cl, err := bf.open(ctx, a, true)
-			if err != nil {
-				return err
-			}
-			defer cl.close()
-
-			run := &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, tasks),
-				handled: make([]atomic.Int64, tasks), runs: make([]atomic.Int32, tasks)}
-			res := benchResult{Broker: bf.Broker, Mode: bf.mode(), Tasks: tasks, HandlerMode: handler}
-
-			record := func(m *broker.Message) (int, bool) {
-				i, ok := run.index(m.Key)
-				return i, ok
-			}
-			m := newMetrics(db, 30*time.Second, a.log)
-			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)
-			if err != nil {
-				return err
-			}
-			defer stopHTTP()
-			ccfg := broker.ConsumerConfig{Concurrency: concurrent, Logger: a.log, Hooks: m.consumerHooks(), GroupSize: group}
-			var consumer *broker.Consumer
-			if handler == "noop" {
-				consumer, err = broker.NewConsumer(cl.sub, cl.pub, func(ctx context.Context, m *broker.Message) error {
-					if i, ok := record(m); ok {
-						run.seen(i, time.Now())
-					}
-					return nil
-				}, ccfg)
-			} else {
-				// The order-timeout handler as users write it, one message at
-				// a time; outbox.NewConsumer runs the messages due together in
-				// shared transactions.
-				consumer, err = outbox.NewConsumer(db, cl.sub, cl.pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
-					i, ok := record(m)
-					if !ok {
-						return nil
-					}
-					now := time.Now()
-					if _, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key); err != nil {
-						return err
-					}
-					run.seen(i, now)
-					return nil
-				}, ccfg)
-			}
-			if err != nil {
-				return err
-			}
-			if err := cl.ensure(ctx, benchTopic, broker.DefaultDeadTopic); err != nil {
-				return err
-			}
-			if !relayOnly {
-				if err := consumer.Start(ctx, benchTopic); err != nil {
-					return err
-				}
-			}
-			defer func() {
-				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = consumer.Close(cctx)
-			}()
-
-			if baseline {
-				tps, err := benchBaseline(ctx, cl.pub, tasks, relayWkrs)
-				if err != nil {
-					return fmt.Errorf("baseline: %w", err)
-				}
-				res.BaselineTPS = tps
-				fmt.Fprintf(a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", tasks, tps)
-				// The relay then starts from a broker as empty as the
-				// baseline did: RabbitMQ's work per publish grows with what
-				// its quorum queues hold.
-				if bf.Broker == "rabbit" {
-					cfg, err := bf.rabbitConfig(a)
-					if err != nil {
-						return err
-					}
-					if _, err := rabbit.PurgeTopic(ctx, cfg, benchTopic); err != nil {
-						return fmt.Errorf("baseline: purge its messages: %w", err)
-					}
-				}
-			}
-
-			// Count the relay's progress in memory: polling the table for it
-			// would itself load the database the bench measures.
-			hooks := m.relayHooks()
-			published := hooks.Published
-			hooks.Published = func(n int, took time.Duration) { run.relayed.Add(int64(n)); published(n, took) }
-			dead := hooks.Dead
-			hooks.Dead = func(n int) { run.relayed.Add(int64(n)); dead(n) }
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Workers: relayWkrs, BatchSize: relayBatch, Lookahead: ahead, Logger: a.log, Hooks: hooks})
-			if err != nil {
-				return err
-			}
-			work, stopWork := context.WithCancel(ctx)
-			var bg sync.WaitGroup
-			defer func() { stopWork(); bg.Wait() }()
-			relayStart := time.Now()
-			startRelay := func() {
-				relayStart = time.Now()
-				bg.Add(1)
-				go func() { defer bg.Done(); _ = relay.Run(work) }()
-			}
-			if !preload {
-				startRelay()
-			}
-			prog := newProgress(a.stderr, tasks)
-			bg.Add(1)
-			go func() { defer bg.Done(); prog.loop(work, run) }()
-
-			// Schedule.
-			var scheduled atomic.Int64
-			schedStart := time.Now()
-			var perr error
-			var perrOnce sync.Once
-			var pw sync.WaitGroup
-			next := atomic.Int64{}
-			for range producers {
-				pw.Add(1)
-				go func() {
-					defer pw.Done()
-					for {
-						first := int(next.Add(int64(perTx))) - perTx
-						if first >= tasks || ctx.Err() != nil {
-							return
-						}
-						last := min(first+perTx, tasks)
-						if rate > 0 {
-							if d := time.Until(schedStart.Add(time.Duration(float64(first) / rate * float64(time.Second)))); d > 0 {
-								time.Sleep(d)
-							}
-						}
-						anchor := time.Now()
-						if anchored {
-							anchor = schedStart
-						}
-						if err := benchSchedule(ctx, db, run, anchor, first, last, delay, spread, tasks, relay, handler == "db"); err != nil {
-							perrOnce.Do(func() { perr = err })
-							return
-						}
-						scheduled.Add(int64(last - first))
-					}
-				}()
-			}
-			pw.Wait()
-			if perr != nil {
-				return fmt.Errorf("schedule: %w", perr)
-			}
-			res.Scheduled = scheduled.Load()
-			res.ScheduleTPS = float64(res.Scheduled) / time.Since(schedStart).Seconds()
-			if preload {
-				startRelay()
-			}
-
-			// Relay throughput: until every scheduled task left pending.
-			for run.relayed.Load() < res.Scheduled && ctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond)
-			}
-			res.RelayTPS = float64(res.Scheduled) / time.Since(relayStart).Seconds()
-
-			if relayOnly {
-				stopWork()
-				fmt.Fprintf(a.stdout, "bench %s (%s), relay only: %d tasks scheduled at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
-				if baseline {
-					fmt.Fprintf(a.stdout, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
-				}
-				fmt.Fprintln(a.stdout)
-				if asJSON {
-					b, _ := json.Marshal(map[string]any{"broker": res.Broker, "mode": res.Mode, "tasks": tasks, "scheduled": res.Scheduled,
-						"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS})
-					fmt.Fprintln(a.stdout, string(b))
-				}
-				return nil
-			}
-			// Wait for the handlers.
-			var lastDue int64
-			for _, d := range run.due {
-				lastDue = max(lastDue, d)
-			}
-			deadline := time.UnixMilli(lastDue).Add(wait)
-			for run.count.Load() < int64(tasks) && time.Now().Before(deadline) && ctx.Err() == nil {
-				time.Sleep(50 * time.Millisecond)
-			}
-			stopWork()
-			prog.done(run)
-
-			res.Handled = run.count.Load()
-			res.Lost = int64(tasks) - res.Handled
-			res.Early = run.early.Load()
-			if handler == "db" {
-				if err := db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM bench_orders WHERE effects > 1").Scan(&res.DupEffects); err != nil {
-					return err
-				}
-			} else {
-				for i := range run.runs {
-					if run.runs[i].Load() > 1 {
-						res.DupEffects++
-					}
-				}
-			}
-			var late []int64
-			for i := range run.handled {
-				if t := run.handled[i].Load(); t != 0 {
-					late = append(late, max(t/1000-run.due[i], 0))
-				}
-			}
-			l := outbox.Summarize(late)
-			res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
-			res.ElapsedSecond = time.Since(schedStart).Seconds()
-
-			fmt.Fprintf(a.stdout, "bench %s (%s), handler %s: %d tasks, scheduled %d at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, handler, tasks, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
-			if baseline {
-				fmt.Fprintf(a.stdout, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
-			}
-			fmt.Fprintf(a.stdout, "\nhandled %d, lost %d, early %d, duplicate effects %d\nlateness ms: p50 %d p90 %d p99 %d max %d\n",
-				res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
-			if asJSON {
-				b, _ := json.Marshal(res)
-				fmt.Fprintln(a.stdout, string(b))
-			}
-			if res.Lost > 0 || res.Early > 0 || (handler == "db" && res.DupEffects > 0) {
-				return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
-			}
-			return nil
+			b := &benchSession{a: a, o: o, ahead: ahead}
+			defer b.close()
+			return b.execute(ctx)
 		},
 	}
-	f := cmd.Flags()
-	bf.register(f)
-	f.IntVar(&tasks, "tasks", 10000, "tasks to schedule")
-	f.Float64Var(&rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
-	f.DurationVar(&delay, "delay", 2*time.Second, "delay of each task after its scheduling")
-	f.DurationVar(&spread, "spread", 0, "spread the due times over this window after --delay (0 = one burst)")
-	f.StringVar(&handler, "handler", "noop", "handler: noop or db (outbox.Handle + conditional UPDATE)")
-	f.BoolVar(&baseline, "baseline", false, "also measure a raw confirmed publish of the same number of messages")
-	f.BoolVar(&asJSON, "json", false, "end with one JSON object on the last line of stdout")
-	f.BoolVar(&preload, "preload", false, "schedule everything before starting the relay")
-	f.IntVar(&producers, "producers", 8, "concurrent scheduling goroutines")
-	f.IntVar(&perTx, "per-tx", 1, "tasks scheduled per transaction")
-	f.IntVar(&relayWkrs, "relay-workers", 4, "relay claim loops")
-	f.IntVar(&relayBatch, "relay-batch", 1000, "rows one relay claim takes")
-	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
-	f.BoolVar(&anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
-	f.IntVar(&concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
-	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
-	f.BoolVar(&relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
-	f.IntVar(&group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
-	f.DurationVar(&wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+	o.register(cmd.Flags())
 	return cmd
+}
+
+// benchSession is one bench run: its database, broker, consumer, relay and
+// the tasks it tracks.
+type benchSession struct {
+	a     *app
+	o     *benchFlags
+	ahead time.Duration // the relay's lookahead setting
+
+	db       *sql.DB
+	cl       *clients
+	m        *metrics
+	tasks    *benchRun
+	res      benchResult
+	consumer *broker.Consumer
+	relay    *outbox.Relay
+	closers  []func()
+
+	scheduleStart time.Time
+}
+
+// close releases what the session opened, last first.
+func (b *benchSession) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+func (b *benchSession) execute(ctx context.Context) error {
+	o := b.o
+	if err := b.open(ctx); err != nil {
+		return err
+	}
+	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, o.tasks),
+		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks)}
+	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler}
+	if err := b.startConsumer(ctx); err != nil {
+		return err
+	}
+	if o.baseline {
+		if err := b.measureBaseline(ctx); err != nil {
+			return err
+		}
+	}
+	if err := b.newRelay(); err != nil {
+		return err
+	}
+	work, stopWork := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer func() { stopWork(); bg.Wait() }()
+	relayStart := time.Now()
+	startRelay := func() {
+		relayStart = time.Now()
+		bg.Add(1)
+		go func() { defer bg.Done(); _ = b.relay.Run(work) }()
+	}
+	if !o.preload {
+		startRelay()
+	}
+	prog := newProgress(b.a.stderr, o.tasks)
+	bg.Add(1)
+	go func() { defer bg.Done(); prog.loop(work, b.tasks) }()
+
+	if err := b.schedule(ctx); err != nil {
+		return err
+	}
+	if o.preload {
+		startRelay()
+	}
+	// Relay throughput: until every scheduled task left pending.
+	for b.tasks.relayed.Load() < b.res.Scheduled && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.res.RelayTPS = float64(b.res.Scheduled) / time.Since(relayStart).Seconds()
+	if o.relayOnly {
+		stopWork()
+		return b.reportRelayOnly()
+	}
+	b.waitForHandlers(ctx)
+	stopWork()
+	prog.done(b.tasks)
+	return b.report()
+}
+
+// open connects to the database (migrated, bench tables emptied) and the
+// broker, and serves metrics when asked.
+func (b *benchSession) open(ctx context.Context) error {
+	o, a := b.o, b.a
+	a.useDevDefaults(&o.bf)
+	if err := o.bf.check(a); err != nil {
+		return err
+	}
+	db, err := a.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	b.db = db
+	b.closers = append(b.closers, func() { db.Close() })
+	conns := o.producers + o.relayWkrs + o.concurrent + 8
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (
+  id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
+		return err
+	}
+	for _, q := range []string{"DELETE FROM bench_orders", "DELETE FROM delay_task WHERE topic = '" + benchTopic + "'"} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	cl, err := o.bf.open(ctx, a, true)
+	if err != nil {
+		return err
+	}
+	b.cl = cl
+	b.closers = append(b.closers, cl.close)
+	b.m = newMetrics(db, 30*time.Second, a.log)
+	stopHTTP, err := a.serveMetrics(o.httpAddr, b.m, db, cl.addr)
+	if err != nil {
+		return err
+	}
+	b.closers = append(b.closers, stopHTTP)
+	return nil
+}
+
+// startConsumer builds the consumer of the chosen handler and, unless only
+// the relay is measured, starts it.
+func (b *benchSession) startConsumer(ctx context.Context) error {
+	o, run := b.o, b.tasks
+	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.a.log, Hooks: b.m.consumerHooks(), GroupSize: o.group}
+	var err error
+	if o.handler == "noop" {
+		b.consumer, err = broker.NewConsumer(b.cl.sub, b.cl.pub, func(ctx context.Context, m *broker.Message) error {
+			if i, ok := run.index(m.Key); ok {
+				run.seen(i, time.Now())
+			}
+			return nil
+		}, ccfg)
+	} else {
+		// The order-timeout handler as users write it, one message at a
+		// time; outbox.NewConsumer runs the messages due together in
+		// shared transactions.
+		b.consumer, err = outbox.NewConsumer(b.db, b.cl.sub, b.cl.pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+			i, ok := run.index(m.Key)
+			if !ok {
+				return nil
+			}
+			now := time.Now()
+			if _, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key); err != nil {
+				return err
+			}
+			run.seen(i, now)
+			return nil
+		}, ccfg)
+	}
+	if err != nil {
+		return err
+	}
+	if err := b.cl.ensure(ctx, benchTopic, broker.DefaultDeadTopic); err != nil {
+		return err
+	}
+	if !o.relayOnly {
+		if err := b.consumer.Start(ctx, benchTopic); err != nil {
+			return err
+		}
+	}
+	consumer := b.consumer
+	b.closers = append(b.closers, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = consumer.Close(cctx)
+	})
+	return nil
+}
+
+// measureBaseline measures a raw confirmed publish of --tasks messages,
+// then (RabbitMQ) purges them, so the relay starts from a broker as empty
+// as the baseline did: RabbitMQ's work per publish grows with what its
+// quorum queues hold.
+func (b *benchSession) measureBaseline(ctx context.Context) error {
+	tps, err := benchBaseline(ctx, b.cl.pub, b.o.tasks, b.o.relayWkrs)
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	b.res.BaselineTPS = tps
+	fmt.Fprintf(b.a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", b.o.tasks, tps)
+	if b.o.bf.Broker == "rabbit" {
+		cfg, err := b.o.bf.rabbitConfig(b.a)
+		if err != nil {
+			return err
+		}
+		if _, err := rabbit.PurgeTopic(ctx, cfg, benchTopic); err != nil {
+			return fmt.Errorf("baseline: purge its messages: %w", err)
+		}
+	}
+	return nil
+}
+
+// newRelay builds the relay. Its progress is counted in memory: polling
+// the table for it would itself load the database the bench measures.
+func (b *benchSession) newRelay() error {
+	hooks := b.m.relayHooks()
+	published, dead := hooks.Published, hooks.Dead
+	hooks.Published = func(n int, took time.Duration) { b.tasks.relayed.Add(int64(n)); published(n, took) }
+	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }
+	var err error
+	b.relay, err = outbox.NewRelay(b.db, b.cl.pub, outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
+		Lookahead: b.ahead, Logger: b.a.log, Hooks: hooks})
+	return err
+}
+
+// schedule writes every task from --producers goroutines, --per-tx a
+// transaction, at --rate.
+func (b *benchSession) schedule(ctx context.Context) error {
+	o := b.o
+	var scheduled atomic.Int64
+	start := time.Now()
+	var perr error
+	var perrOnce sync.Once
+	var pw sync.WaitGroup
+	next := atomic.Int64{}
+	for range o.producers {
+		pw.Add(1)
+		go func() {
+			defer pw.Done()
+			for {
+				first := int(next.Add(int64(o.perTx))) - o.perTx
+				if first >= o.tasks || ctx.Err() != nil {
+					return
+				}
+				last := min(first+o.perTx, o.tasks)
+				if o.rate > 0 {
+					if d := time.Until(start.Add(time.Duration(float64(first) / o.rate * float64(time.Second)))); d > 0 {
+						time.Sleep(d)
+					}
+				}
+				anchor := time.Now()
+				if o.anchored {
+					anchor = start
+				}
+				if err := benchSchedule(ctx, b.db, b.tasks, anchor, first, last, o.delay, o.spread, o.tasks, b.relay, o.handler == "db"); err != nil {
+					perrOnce.Do(func() { perr = err })
+					return
+				}
+				scheduled.Add(int64(last - first))
+			}
+		}()
+	}
+	pw.Wait()
+	if perr != nil {
+		return fmt.Errorf("schedule: %w", perr)
+	}
+	b.scheduleStart = start
+	b.res.Scheduled = scheduled.Load()
+	b.res.ScheduleTPS = float64(b.res.Scheduled) / time.Since(start).Seconds()
+	return nil
+}
+
+// waitForHandlers waits until every task ran or --wait passed the last
+// due time.
+func (b *benchSession) waitForHandlers(ctx context.Context) {
+	var lastDue int64
+	for _, d := range b.tasks.due {
+		lastDue = max(lastDue, d)
+	}
+	deadline := time.UnixMilli(lastDue).Add(b.o.wait)
+	for b.tasks.count.Load() < int64(b.o.tasks) && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (b *benchSession) reportRelayOnly() error {
+	res, out := b.res, b.a.stdout
+	fmt.Fprintf(out, "bench %s (%s), relay only: %d tasks scheduled at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
+	if b.o.baseline {
+		fmt.Fprintf(out, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
+	}
+	fmt.Fprintln(out)
+	if b.o.asJSON {
+		j, _ := json.Marshal(map[string]any{"broker": res.Broker, "mode": res.Mode, "tasks": b.o.tasks, "scheduled": res.Scheduled,
+			"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS})
+		fmt.Fprintln(out, string(j))
+	}
+	return nil
+}
+
+// report counts what was lost, early or applied twice, prints the summary
+// and fails the run when an invariant broke.
+func (b *benchSession) report() error {
+	o, run, res := b.o, b.tasks, &b.res
+	res.Handled = run.count.Load()
+	res.Lost = int64(o.tasks) - res.Handled
+	res.Early = run.early.Load()
+	if o.handler == "db" {
+		if err := b.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM bench_orders WHERE effects > 1").Scan(&res.DupEffects); err != nil {
+			return err
+		}
+	} else {
+		for i := range run.runs {
+			if run.runs[i].Load() > 1 {
+				res.DupEffects++
+			}
+		}
+	}
+	var late []int64
+	for i := range run.handled {
+		if t := run.handled[i].Load(); t != 0 {
+			late = append(late, max(t/1000-run.due[i], 0))
+		}
+	}
+	l := outbox.Summarize(late)
+	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
+	res.ElapsedSecond = time.Since(b.scheduleStart).Seconds()
+
+	out := b.a.stdout
+	fmt.Fprintf(out, "bench %s (%s), handler %s: %d tasks, scheduled %d at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, o.handler, o.tasks, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
+	if o.baseline {
+		fmt.Fprintf(out, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
+	}
+	fmt.Fprintf(out, "\nhandled %d, lost %d, early %d, duplicate effects %d\nlateness ms: p50 %d p90 %d p99 %d max %d\n",
+		res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
+	if o.asJSON {
+		j, _ := json.Marshal(res)
+		fmt.Fprintln(out, string(j))
+	}
+	if res.Lost > 0 || res.Early > 0 || (o.handler == "db" && res.DupEffects > 0) {
+		return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
+	}
+	return nil
 }
 
 // benchSchedule schedules tasks [first, last) in one transaction, task i
