@@ -261,7 +261,7 @@ func (c *Consumer) worker() {
 }
 
 // ready reports whether j can go to the handler right now: decoded, due,
-// and not beyond the horizon.
+// and not beyond MaxDelay.
 func (c *Consumer) ready(j job) bool {
 	return j.d.Err == nil && j.d.Message != nil && j.d.Message.Topic == j.topic && !c.cfg.Now().Before(j.d.Message.DeliverAt)
 }
@@ -323,8 +323,8 @@ func (c *Consumer) process(j job) {
 	}
 	now := c.cfg.Now()
 	remaining := m.DeliverAt.Sub(now)
-	if remaining > c.cfg.Horizon {
-		c.dead(j, fmt.Errorf("%w: due %s is beyond the %v horizon", ErrTooFar, m.DeliverAt.Format(time.RFC3339), c.cfg.Horizon))
+	if remaining > c.cfg.MaxDelay {
+		c.dead(j, fmt.Errorf("%w: due %s is more than MaxDelay (%v) away", ErrTooFar, m.DeliverAt.Format(time.RFC3339), c.cfg.MaxDelay))
 		return
 	}
 	if remaining > 0 {

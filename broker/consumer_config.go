@@ -69,9 +69,9 @@ type ConsumerConfig struct {
 	// effect and the retry's are one through outbox.Handle. The same holds
 	// for a BatchHandler, whose messages then go one at a time. Default 10s.
 	HandlerGrace time.Duration
-	// Horizon is the furthest due time accepted; a message due later goes to
-	// dead with ErrTooFar. Default 10 years and 1 day.
-	Horizon time.Duration
+	// MaxDelay is the furthest due time accepted; a message due later goes
+	// to dead with ErrTooFar. Default DefaultMaxDelay.
+	MaxDelay time.Duration
 	// DeadLetter receives what the runtime gives up on. Default: published
 	// to DefaultDeadTopic through the consumer's publisher.
 	DeadLetter DeadLetter
@@ -101,7 +101,10 @@ const (
 	DefaultMaxAttempts    = 10
 	DefaultHandlerTimeout = time.Minute
 	DefaultHandlerGrace   = 10 * time.Second
-	DefaultHorizon        = 10*365*24*time.Hour + 24*time.Hour
+	// DefaultMaxDelay is the longest delay outbox.Schedule accepts by
+	// default (10 years) and a day more: a task scheduled at that limit
+	// still passes a consumer whose clock runs behind the producer's.
+	DefaultMaxDelay = 10*365*24*time.Hour + 24*time.Hour
 	// DefaultGroupSize: 50 tasks a transaction took the test box's
 	// MariaDB from about 3.5k to about 58k handled tasks a second.
 	DefaultGroupSize = 50
@@ -145,8 +148,8 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	if c.GroupSize <= 0 {
 		c.GroupSize = DefaultGroupSize
 	}
-	if c.Horizon <= 0 {
-		c.Horizon = DefaultHorizon
+	if c.MaxDelay <= 0 {
+		c.MaxDelay = DefaultMaxDelay
 	}
 	if c.DeadLetter == nil {
 		c.DeadLetter = PublishDead(pub, DefaultDeadTopic)

@@ -157,7 +157,7 @@ func TestConsumer_HandlerTimeoutCountsAsFailure(t *testing.T) {
 	}
 }
 
-func TestConsumer_DueBeyondHorizonGoesDead(t *testing.T) {
+func TestConsumer_DueBeyondMaxDelayGoesDead(t *testing.T) {
 	t.Parallel()
 	bd := setup(t, memory.Config{})
 	bd.start(t, func(ctx context.Context, m *broker.Message) error {

@@ -33,7 +33,7 @@ const (
 // outside is a mistake, not a due time: Schedule refuses it, Message.Validate
 // refuses it, and an envelope carrying it is malformed. One pair of bounds
 // for all three, so no due time is accepted by one check and refused by
-// another. The runtime's horizon is much tighter than the upper bound.
+// another. The runtime's MaxDelay is much tighter than the upper bound.
 const (
 	minDeliverAtMS = 946_684_800_000     // 2000-01-01T00:00:00Z
 	maxDeliverAtMS = 253_402_300_799_000 // 9999-12-31T23:59:59Z

@@ -22,7 +22,7 @@ var (
 	// ErrMalformedEnvelope means the envelope is present but a field of it
 	// cannot be read; the *EnvelopeError wrapping it names the field.
 	ErrMalformedEnvelope = errors.New("malformed delaybridge envelope")
-	// ErrTooFar means a due time lies beyond the configured horizon.
+	// ErrTooFar means a due time lies further away than the configured MaxDelay.
 	ErrTooFar = errors.New("due time too far in the future")
 	// ErrRejected marks a message the broker refused for good (too large,
 	// delay beyond its limit); publishing it again would fail the same way.

@@ -118,7 +118,7 @@ func rocketForgeTarget(t *testing.T, victim string) forgeTarget {
 // TestForged_MessagesFromWhoeverCanPublishChangeNothing publishes raw
 // messages into a topic's queue, as anyone with write access to the broker
 // could: a task due in an hour claimed due now, a task of another topic,
-// and a due time far beyond the horizon. The database is the authority:
+// and a due time far beyond MaxDelay. The database is the authority:
 // nothing runs early, runs under the wrong handler or is marked dead. With
 // signing keys, each is refused outright.
 func TestForged_MessagesFromWhoeverCanPublishChangeNothing(t *testing.T) {

@@ -165,7 +165,7 @@ func Handler(db *sql.DB, fn HandlerFunc) broker.Handler {
 // message can never kill a newer task of the same key. Only the handler's
 // own verdicts mark a row (failed attempts, a permanent error, a next hop
 // or retry the broker refused): a delivery that is itself wrong (no or a
-// malformed envelope, a due time beyond the horizon, another topic than its
+// malformed envelope, a due time beyond MaxDelay, another topic than its
 // subscription) says nothing about the task, which stays as it is and is
 // delivered by its own messages or rescued by the scanner.
 func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {

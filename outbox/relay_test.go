@@ -244,7 +244,7 @@ func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
 	}
 }
 
-func TestRelay_HorizonKeepsFarTasksPending(t *testing.T) {
+func TestRelay_LookaheadKeepsFarTasksPending(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	mem := memory.New(memory.Config{})
@@ -252,7 +252,7 @@ func TestRelay_HorizonKeepsFarTasksPending(t *testing.T) {
 	b.schedule(t, outbox.Task{Topic: "hz", Key: "soon", DueAt: time.Now().Add(time.Minute)})
 	b.schedule(t, outbox.Task{Topic: "hz", Key: "next-week", DueAt: time.Now().Add(7 * 24 * time.Hour)})
 	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Lookahead: time.Hour}).Once(b.ctx); n != 1 || err != nil {
-		t.Fatalf("Once = %d, %v; want only the task within the horizon", n, err)
+		t.Fatalf("Once = %d, %v; want only the task within the lookahead", n, err)
 	}
 	if info, _ := outbox.Get(b.ctx, b.db, "hz", "next-week"); info.State != outbox.StatePending {
 		t.Fatalf("far task is %s, want pending", info.State)

@@ -92,7 +92,7 @@ func TestSchedule_RejectsBadInputAndWritesNothing(t *testing.T) {
 		{"payload one byte over", func(t *outbox.Task) { t.Payload = make([]byte, outbox.DefaultMaxPayload+1) }, outbox.ErrPayloadTooLarge},
 		{"zero due time", func(t *outbox.Task) { t.DueAt = time.Time{} }, outbox.ErrInvalidDue},
 		{"due in 1970", func(t *outbox.Task) { t.DueAt = time.Unix(5, 0) }, outbox.ErrInvalidDue},
-		{"due beyond the horizon", func(t *outbox.Task) { t.DueAt = time.Now().AddDate(11, 0, 0) }, broker.ErrTooFar},
+		{"due beyond MaxDelay", func(t *outbox.Task) { t.DueAt = time.Now().AddDate(11, 0, 0) }, broker.ErrTooFar},
 		{"due a nanosecond before 2000", func(t *outbox.Task) { t.DueAt = time.Date(1999, 12, 31, 23, 59, 59, 999999999, time.UTC) }, outbox.ErrInvalidDue},
 		{"due in year 9999", func(t *outbox.Task) { t.DueAt = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) }, broker.ErrTooFar},
 		{"key with \\x01", func(t *outbox.Task) { t.Key = "o\x011" }, broker.ErrInvalidKey},
@@ -157,7 +157,7 @@ func TestSchedule_LargestValidTaskIsWrittenWhole(t *testing.T) {
 	task := outbox.Task{
 		Topic:   strings.Repeat("T", broker.MaxTopicLen),
 		Key:     strings.Repeat("订", broker.MaxKeyLen/3),
-		DueAt:   time.Now().Add(outbox.DefaultHorizon - time.Minute),
+		DueAt:   time.Now().Add(outbox.DefaultMaxDelay - time.Minute),
 		Payload: make([]byte, outbox.DefaultMaxPayload),
 		Headers: headers,
 		Trace:   strings.Repeat("t", broker.MaxTraceLen),
@@ -181,10 +181,10 @@ func TestReschedule_RejectsBadDueAndChangesNothing(t *testing.T) {
 		due  time.Time
 		want error
 	}{
-		"zero":           {time.Time{}, outbox.ErrInvalidDue},
-		"before 2000":    {time.Unix(0, 0), outbox.ErrInvalidDue},
-		"beyond horizon": {time.Now().AddDate(11, 0, 0), broker.ErrTooFar},
-		"year 9999":      {time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), broker.ErrTooFar},
+		"zero":            {time.Time{}, outbox.ErrInvalidDue},
+		"before 2000":     {time.Unix(0, 0), outbox.ErrInvalidDue},
+		"beyond MaxDelay": {time.Now().AddDate(11, 0, 0), broker.ErrTooFar},
+		"year 9999":       {time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), broker.ErrTooFar},
 	} {
 		if err := outbox.Reschedule(b.ctx, b.db, "r", "k", bad.due); !errors.Is(err, bad.want) {
 			t.Errorf("%s: Reschedule = %v, want %v", name, err, bad.want)

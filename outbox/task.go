@@ -80,8 +80,10 @@ type Config struct {
 	// under RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB. A value
 	// above MaxPayloadCeiling means MaxPayloadCeiling.
 	MaxPayload int
-	// Horizon is the furthest due time accepted from now. Default 10 years.
-	Horizon time.Duration
+	// MaxDelay is the furthest due time accepted, from now. Default
+	// DefaultMaxDelay, 10 years (a consumer accepts a day more, for clock
+	// skew: broker.DefaultMaxDelay).
+	MaxDelay time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -89,7 +91,7 @@ type Config struct {
 // Defaults for Config.
 const (
 	DefaultMaxPayload = 256 << 10
-	DefaultHorizon    = 10 * 365 * 24 * time.Hour
+	DefaultMaxDelay   = 10 * 365 * 24 * time.Hour
 )
 
 // MaxPayloadCeiling is the largest MaxPayload takes effect: RocketMQ's
@@ -109,8 +111,8 @@ func (c Config) withDefaults() Config {
 		c.MaxPayload = DefaultMaxPayload
 	}
 	c.MaxPayload = min(c.MaxPayload, MaxPayloadCeiling)
-	if c.Horizon <= 0 {
-		c.Horizon = DefaultHorizon
+	if c.MaxDelay <= 0 {
+		c.MaxDelay = DefaultMaxDelay
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -149,8 +151,8 @@ func (c Config) validateDue(due time.Time) error {
 	if due.IsZero() {
 		return fmt.Errorf("%w: zero", ErrInvalidDue)
 	}
-	if lim := c.Now().Add(c.Horizon); due.After(lim) {
-		return fmt.Errorf("%w: %s is more than %v away", broker.ErrTooFar, due.UTC().Format(time.RFC3339), c.Horizon)
+	if lim := c.Now().Add(c.MaxDelay); due.After(lim) {
+		return fmt.Errorf("%w: %s is more than %v away", broker.ErrTooFar, due.UTC().Format(time.RFC3339), c.MaxDelay)
 	}
 	// The bound is an instant (2000-01-01 UTC), the one the envelope
 	// enforces, never a calendar year in the caller's time zone: a due time

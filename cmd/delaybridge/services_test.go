@@ -215,9 +215,9 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 	}
 }
 
-func TestBench_RelayHorizonHoldsTasksUntilTheirWindow(t *testing.T) {
+func TestBench_RelayLookaheadHoldsTasksUntilTheirWindow(t *testing.T) {
 	_, dsn := testenv.ScratchDB(t)
-	// Due 4-5 s out with a 1 s horizon: the relay cannot finish before the
+	// Due 4-5 s out with a 1 s lookahead: the relay cannot finish before the
 	// first task is 1 s from due, so it takes at least 2.5 s for 200 tasks.
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "200", "--delay", "4s", "--spread", "1s", "--per-tx", "10",
 		"--handler", "db", "--group", "20", "--lookahead", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
@@ -226,7 +226,7 @@ func TestBench_RelayHorizonHoldsTasksUntilTheirWindow(t *testing.T) {
 		t.Fatalf("bench summary %v", m)
 	}
 	if v, _ := m["relay_tps"].(float64); v <= 0 || v > 200/2.5 {
-		t.Fatalf("relay_tps = %v: the relay did not wait for the horizon", m["relay_tps"])
+		t.Fatalf("relay_tps = %v: the relay did not wait for the lookahead", m["relay_tps"])
 	}
 }
 
