@@ -276,6 +276,7 @@ func (c *Consumer) processGroup(batch []job) {
 		msgs[i] = j.d.Message.Clone()
 	}
 	var errs []error
+	start := time.Now()
 	err := c.guard(batch[0].topic, fmt.Sprintf("a group of %d", len(msgs)), func(ctx context.Context) error {
 		var err error
 		errs, err = c.cfg.Group(ctx, msgs)
@@ -284,6 +285,9 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 		return err
 	})
+	if c.cfg.Hooks.Grouped != nil {
+		c.cfg.Hooks.Grouped(batch[0].topic, len(batch), time.Since(start))
+	}
 	if err != nil {
 		if c.hardCtx.Err() != nil {
 			for _, j := range batch {

@@ -35,6 +35,10 @@ type Hooks struct {
 	Retried func(topic string, attempt int)
 	// Dead is called after a message was handed to the dead letter.
 	Dead func(topic string, reason error)
+	// Grouped is called after each call of the GroupHandler, with how
+	// many messages it took and how long it ran: how well the group commit
+	// amortises its transaction under the load at hand.
+	Grouped func(topic string, size int, took time.Duration)
 	// Stuck is called when a handler is abandoned because it ran
 	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace).
 	Stuck func(topic string)

@@ -42,6 +42,9 @@ type benchResult struct {
 	BaselineTPS   float64          `json:"baseline_publish_tps"`
 	Lateness      map[string]int64 `json:"lateness_ms"`
 	HandlerMode   string           `json:"handler"`
+	Groups        int64            `json:"groups"`
+	MeanGroup     float64          `json:"mean_group"`
+	MeanGroupMS   float64          `json:"mean_group_ms"`
 	ElapsedSecond float64          `json:"elapsed_s"`
 }
 
@@ -54,6 +57,8 @@ type benchRun struct {
 	count   atomic.Int64
 	early   atomic.Int64
 	relayed atomic.Int64 // rows the relay marked published or dead
+	// group commits: transactions, the messages in them, their time
+	groups, grouped, groupMicros atomic.Int64
 }
 
 func (r *benchRun) key(i int) string { return r.id + "-" + strconv.Itoa(i) }
@@ -333,7 +338,15 @@ func (b *benchSession) open(ctx context.Context) error {
 // the relay is measured, starts it.
 func (b *benchSession) startConsumer(ctx context.Context) error {
 	o, run := b.o, b.tasks
-	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.a.log, Hooks: b.m.consumerHooks(), GroupSize: o.group}
+	hooks := b.m.consumerHooks()
+	grouped := hooks.Grouped
+	hooks.Grouped = func(topic string, n int, took time.Duration) {
+		run.groups.Add(1)
+		run.grouped.Add(int64(n))
+		run.groupMicros.Add(took.Microseconds())
+		grouped(topic, n, took)
+	}
+	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.a.log, Hooks: hooks, GroupSize: o.group}
 	var err error
 	if o.handler == "noop" {
 		b.consumer, err = broker.NewConsumer(b.cl.sub, b.cl.pub, func(ctx context.Context, m *broker.Message) error {
@@ -517,6 +530,10 @@ func (b *benchSession) report() error {
 	l := outbox.Summarize(late)
 	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
 	res.ElapsedSecond = time.Since(b.scheduleStart).Seconds()
+	if res.Groups = run.groups.Load(); res.Groups > 0 {
+		res.MeanGroup = float64(run.grouped.Load()) / float64(res.Groups)
+		res.MeanGroupMS = float64(run.groupMicros.Load()) / 1000 / float64(res.Groups)
+	}
 
 	out := b.a.stdout
 	fmt.Fprintf(out, "bench %s (%s), handler %s: %d tasks, scheduled %d at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, o.handler, o.tasks, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
@@ -525,6 +542,9 @@ func (b *benchSession) report() error {
 	}
 	fmt.Fprintf(out, "\nhandled %d, lost %d, early %d, duplicate effects %d\nlateness ms: p50 %d p90 %d p99 %d max %d\n",
 		res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
+	if res.Groups > 0 {
+		fmt.Fprintf(out, "group commit: %d transactions of %.1f messages on average, %.1f ms each\n", res.Groups, res.MeanGroup, res.MeanGroupMS)
+	}
 	if o.asJSON {
 		j, _ := json.Marshal(res)
 		fmt.Fprintln(out, string(j))

@@ -34,6 +34,7 @@ type metrics struct {
 	dead     *prometheus.CounterVec
 	stuck    *prometheus.CounterVec
 	outcomes *prometheus.CounterVec
+	groups   *prometheus.HistogramVec
 
 	// outbox exports the outbox's counts, unconsumed the overdue topics
 	// without a live consumer; nil without a database.
@@ -61,7 +62,10 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_outcomes_total",
 		Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead)."},
 		[]string{"topic", "outcome", "reason"})
-	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes,
+	m.groups = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
+		Help:    "Messages one group-commit transaction handled (groups of two or more; a lone due message runs on its own).",
+		Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"})
+	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		// No lateness window: the consumers export lateness themselves.
@@ -100,6 +104,7 @@ func (m *metrics) consumerHooks() broker.Hooks {
 		Retried: func(topic string, _ int) { m.retries.WithLabelValues(topic).Inc() },
 		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
 		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
+		Grouped: func(topic string, n int, _ time.Duration) { m.groups.WithLabelValues(topic).Observe(float64(n)) },
 		Settled: func(topic string, o broker.Outcome, reason string) {
 			m.outcomes.WithLabelValues(topic, string(o), skipLabel(reason)).Inc()
 		},
