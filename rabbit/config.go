@@ -52,19 +52,20 @@ const (
 	// AtLeastOnce, the default, moves a message through a dead-letter
 	// worker that keeps it in its level until the next queue confirmed it,
 	// so a full queue holds the message back instead of dropping it. On
-	// RabbitMQ before 3.12.5 a worker that starts while the node leading
-	// its target queue is dead never reaches that queue again until the
-	// node returns: after a node of a cluster is lost, the hops between
-	// queues it led stall and the scanner publishes their tasks again
-	// after its grace (docs/deployment.md).
+	// RabbitMQ before 3.12.5 a worker that starts after a node died, before
+	// its target queue (led by that node) elected a new leader, never
+	// reaches that queue again until the node returns: after a node of a
+	// cluster is lost, the hops between queues it led stall and the
+	// scanner publishes their tasks again after its grace
+	// (docs/deployment.md).
 	AtLeastOnce DeadLettering = iota
 	// AtMostOnce lets each level's leader publish the expired message
 	// itself, unconfirmed: after a node is lost delivery resumes as soon as
-	// the new leaders are elected (1-4 s measured on a 3-node cluster). A message that
-	// expires into a queue whose leader is being elected, or into a full
-	// one, is dropped; its task is still published in the outbox, so the
-	// scanner publishes it again after its grace: late, never lost. For a
-	// RabbitMQ cluster before 3.12.5.
+	// the new leaders are elected (1-4 s measured on a 3-node cluster). A
+	// message that expires into a queue whose leader is being elected, or
+	// into a full one, is dropped; its task is still published in the
+	// outbox, so the scanner publishes it again after its grace: late,
+	// never lost. For a RabbitMQ cluster before 3.12.5.
 	AtMostOnce
 )
 
