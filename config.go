@@ -63,6 +63,11 @@ type Config struct {
 	// RabbitMaxLength is the x-max-length of each ladder and topic queue
 	// (--rabbit-max-length); -1 means no bound.
 	RabbitMaxLength int
+	// RabbitDeadLettering is how the ladder's levels hand an expired
+	// message on: "at-least-once" (default) or "at-most-once", for a
+	// cluster on RabbitMQ before 3.12.5 (--rabbit-dead-lettering; see
+	// rabbit.DeadLettering and docs/deployment.md).
+	RabbitDeadLettering string
 
 	// RocketNameServers are the RocketMQ name servers, comma separated
 	// host:port (--rocketmq-namesrv).
@@ -132,19 +137,20 @@ type Config struct {
 // flags start from and a Client fills zero fields with.
 func DefaultConfig() Config {
 	return Config{
-		Broker:            "rabbit",
-		RabbitMode:        "ladder",
-		RabbitPrefix:      rabbit.DefaultPrefix,
-		RabbitUnit:        rabbit.DefaultUnit,
-		RabbitDepth:       rabbit.DefaultDepth,
-		RabbitPrefetch:    rabbit.DefaultPrefetch,
-		RabbitMaxLength:   rabbit.DefaultMaxLength,
-		RocketNameServers: "127.0.0.1:9876",
-		RocketMode:        "timer",
-		RocketLevels:      "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
-		RocketGroupPrefix: rocket.DefaultGroupPrefix,
-		RocketBrokerAddr:  "127.0.0.1:10911",
-		RocketQueues:      8,
+		Broker:              "rabbit",
+		RabbitMode:          "ladder",
+		RabbitPrefix:        rabbit.DefaultPrefix,
+		RabbitUnit:          rabbit.DefaultUnit,
+		RabbitDepth:         rabbit.DefaultDepth,
+		RabbitPrefetch:      rabbit.DefaultPrefetch,
+		RabbitMaxLength:     rabbit.DefaultMaxLength,
+		RabbitDeadLettering: rabbit.AtLeastOnce.String(),
+		RocketNameServers:   "127.0.0.1:9876",
+		RocketMode:          "timer",
+		RocketLevels:        "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+		RocketGroupPrefix:   rocket.DefaultGroupPrefix,
+		RocketBrokerAddr:    "127.0.0.1:10911",
+		RocketQueues:        8,
 	}
 }
 
@@ -158,6 +164,7 @@ func (c Config) withDefaults() Config {
 	fill(&c.RabbitDepth, d.RabbitDepth)
 	fill(&c.RabbitPrefetch, d.RabbitPrefetch)
 	fill(&c.RabbitMaxLength, d.RabbitMaxLength)
+	fill(&c.RabbitDeadLettering, d.RabbitDeadLettering)
 	fill(&c.RocketNameServers, d.RocketNameServers)
 	fill(&c.RocketMode, d.RocketMode)
 	fill(&c.RocketLevels, d.RocketLevels)
@@ -209,6 +216,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
 	fs.BoolVar(&c.RabbitSplitEnvelope, "rabbit-split-envelope", c.RabbitSplitEnvelope, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
 	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
+	fs.StringVar(&c.RabbitDeadLettering, "rabbit-dead-lettering", c.RabbitDeadLettering, "how the ladder's levels hand an expired message on: at-least-once, or at-most-once for a RabbitMQ cluster before 3.12.5 (a lost node then stalls nothing; a message dropped meanwhile is published again by the scanner after --grace); every process must use the same, and changing it needs the ladder's queues deleted first")
 	fs.StringVar(&c.RocketNameServers, "rocketmq-namesrv", c.RocketNameServers, "RocketMQ name servers, comma separated host:port")
 	fs.StringVar(&c.RocketMode, "rocketmq-mode", c.RocketMode, "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
 	fs.DurationVar(&c.RocketMaxDelay, "rocketmq-max-delay", c.RocketMaxDelay, "longest timer hop (timer mode; 0 = the brokers' timerMaxDelaySec, read at start; more than theirs is refused), or the highest level to use (levels mode, 0 = all)")
@@ -276,6 +284,13 @@ func (c Config) RabbitConfig() (rabbit.Config, error) {
 	}
 	if c.RabbitPrefetch <= 0 {
 		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", c.RabbitPrefetch)
+	}
+	if c.RabbitDeadLettering != "" {
+		d, err := rabbit.ParseDeadLettering(c.RabbitDeadLettering)
+		if err != nil {
+			return cfg, fmt.Errorf("--rabbit-dead-lettering: %w", err)
+		}
+		cfg.DeadLettering = d
 	}
 	tc, err := c.AMQPTLS.Config("amqp")
 	if err != nil {

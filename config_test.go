@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // clearEnv unsets every DELAYBRIDGE_* variable for the test.
@@ -162,5 +163,34 @@ func TestClient_HandleRefusesBadTopicsDuplicatesAndLateRegistration(t *testing.T
 	}
 	if err := c.Handle("u", fn); !errors.Is(err, delaybridge.ErrStarted) {
 		t.Errorf("Handle after Stop = %v, want ErrStarted", err)
+	}
+}
+
+func TestRabbitConfig_DeadLetteringFlag(t *testing.T) {
+	clearEnv(t)
+	for _, c := range []struct {
+		args []string
+		want rabbit.DeadLettering
+		err  string
+	}{
+		{nil, rabbit.AtLeastOnce, ""},
+		{[]string{"--rabbit-dead-lettering", "at-most-once"}, rabbit.AtMostOnce, ""},
+		{[]string{"--rabbit-dead-lettering", "at-least-once"}, rabbit.AtLeastOnce, ""},
+		{[]string{"--rabbit-dead-lettering", "exactly-once"}, 0, "--rabbit-dead-lettering"},
+	} {
+		cfg, err := delaybridge.LoadConfig(append([]string{"--amqp-url", "amqp://u:p@127.0.0.1:5672/"}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := cfg.RabbitConfig()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "at-most-once") {
+				t.Errorf("%v: err = %v, want one naming %s and the choices", c.args, err, c.err)
+			}
+			continue
+		}
+		if err != nil || rc.DeadLettering != c.want {
+			t.Errorf("%v: DeadLettering = %v, %v; want %v", c.args, rc.DeadLettering, err, c.want)
+		}
 	}
 }

@@ -60,17 +60,23 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 		nodes = append(nodes, u.Host)
 	}
 	prefix := testenv.Name("cl")
+	// A short lead, and a relay that publishes every task at once, so the
+	// tasks go through the ladder's levels (with the default lead they
+	// would skip it). RabbitMQ 3.10 is what this box runs: at-least-once
+	// dead-lettering would stall the hops between queues the dead node led
+	// (docs/deployment.md), at-most-once does not.
 	cfg := rabbit.Config{URL: cl.URLs[0], Nodes: nodes, Prefix: prefix, Unit: faultRabbitUnit, Depth: faultRabbitDepth,
-		ConnectionName: prefix, Logger: quiet()}
+		Lead: 200 * time.Millisecond, DeadLettering: rabbit.AtMostOnce, ConnectionName: prefix, Logger: quiet()}
 
 	f := newFlow(t)
 	pub, sub := rabbitClients(t, cfg)
 	f.consume(t, pub, sub)
-	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second})
+	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second, Lookahead: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: 10 * time.Second, Interval: time.Second})
+	const grace = 10 * time.Second
+	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: grace, Interval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,12 +195,14 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	limit := max(2*p99, 500*time.Millisecond)
 	var lastLate time.Time
 	var worst time.Duration
+	after := 0
 	for _, s := range samples {
 		if s.due.After(killed) && s.late > limit {
 			lastLate = s.due
 		}
 		if s.due.After(killed) {
 			worst = max(worst, s.late)
+			after++
 		}
 	}
 	recovery := time.Duration(0)
@@ -207,5 +215,20 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 		total, early, rescued, p99.Round(time.Millisecond), worst.Round(time.Millisecond), limit.Round(time.Millisecond), recovery.Round(100*time.Millisecond))
 	if early != 0 {
 		t.Errorf("%d tasks done before their due time", early)
+	}
+	// The broker, not the scanner, brings delivery back: lateness is
+	// normal again well before the scanner's grace could have rescued
+	// anything, and the scanner rescues only what was dead-lettered into a
+	// queue whose leader was being elected (16-30 in four runs, back to
+	// normal 1-3.7 s after the kill). At-least-once dead-lettering on
+	// RabbitMQ 3.10 fails both: 448-509 rescued, 18.6-19 s. The bounds
+	// leave room for a slow box: a message dropped while leaving a high
+	// level can be due a few seconds after the kill, hence 8 s; tasks keep
+	// coming due for 19 s.
+	if maxRecovery := grace - 2*time.Second; recovery > maxRecovery {
+		t.Errorf("lateness back to normal %v after the kill, want under %v: the broker did not resume delivery by itself", recovery.Round(100*time.Millisecond), maxRecovery)
+	}
+	if rescued*5 > after {
+		t.Errorf("the scanner rescued %d tasks, more than a fifth of the %d due after the kill: the broker did not resume delivery by itself", rescued, after)
 	}
 }

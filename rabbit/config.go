@@ -41,6 +41,55 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
+// DeadLettering is how each ladder level moves an expired message on to
+// the next (RabbitMQ's x-dead-letter-strategy). Every process of one
+// deployment must use the same: it is an argument of the ladder's queues,
+// and RabbitMQ refuses to declare a queue again with another, so changing it
+// needs the ladder's queues deleted first.
+type DeadLettering int
+
+const (
+	// AtLeastOnce, the default, moves a message through a dead-letter
+	// worker that keeps it in its level until the next queue confirmed it,
+	// so a full queue holds the message back instead of dropping it. On
+	// RabbitMQ before 3.12.5 a worker that starts after a node died, before
+	// its target queue (led by that node) elected a new leader, never
+	// reaches that queue again until the node returns: after a node of a
+	// cluster is lost, the hops between queues it led stall and the
+	// scanner publishes their tasks again after its grace
+	// (docs/deployment.md).
+	AtLeastOnce DeadLettering = iota
+	// AtMostOnce lets each level's leader publish the expired message
+	// itself, unconfirmed: after a node is lost delivery resumes as soon as
+	// the new leaders are elected (1-4 s measured on a 3-node cluster). A
+	// message that expires into a queue whose leader is being elected, or
+	// into a full one, is dropped; its task is still published in the
+	// outbox, so the scanner publishes it again after its grace: late,
+	// never lost. For a RabbitMQ cluster before 3.12.5.
+	AtMostOnce
+)
+
+// String returns the x-dead-letter-strategy value.
+func (d DeadLettering) String() string {
+	switch d {
+	case AtLeastOnce:
+		return "at-least-once"
+	case AtMostOnce:
+		return "at-most-once"
+	}
+	return fmt.Sprintf("DeadLettering(%d)", int(d))
+}
+
+// ParseDeadLettering reads "at-least-once" or "at-most-once".
+func ParseDeadLettering(s string) (DeadLettering, error) {
+	for _, d := range []DeadLettering{AtLeastOnce, AtMostOnce} {
+		if s == d.String() {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("rabbit: dead-lettering %q: want at-least-once or at-most-once", s)
+}
+
 // Defaults applied to zero Config fields.
 const (
 	// DefaultPrefix starts the name of every exchange and queue.
@@ -115,7 +164,7 @@ const (
 const delayedPrecision = 10 * time.Millisecond
 
 // Config configures a Publisher or a Subscriber. The two must agree on URL's
-// broker, Prefix, Mode, Unit, Depth and MaxLength: those shape the topology
+// broker, Prefix, Mode, Unit, Depth, MaxLength and DeadLettering: those shape the topology
 // both declare. Zero values mean the defaults above.
 type Config struct {
 	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost, or
@@ -161,6 +210,10 @@ type Config struct {
 	// the queues deleted first (RabbitMQ refuses to redeclare a queue with
 	// other arguments).
 	MaxLength int
+	// DeadLettering is how the ladder's levels hand an expired message
+	// on: AtLeastOnce (the default) or AtMostOnce, for a cluster on
+	// RabbitMQ before 3.12.5 (see DeadLettering). Ladder mode only.
+	DeadLettering DeadLettering
 	// ConfirmWindow bounds the publishes awaiting a confirm on each
 	// channel. Default DefaultConfirmWindow.
 	ConfirmWindow int
@@ -283,6 +336,9 @@ func (c Config) withDefaults() (Config, error) {
 		if hop := LadderMaxHop(c.Unit, c.Depth); hop-max(c.Lead, 0) < c.Unit {
 			return c, fmt.Errorf("rabbit: Config.Depth %d with Unit %v gives a longest hop of %v, which the %v Lead leaves under one unit: no hop could make progress; raise Depth or lower Lead",
 				c.Depth, c.Unit, hop, max(c.Lead, 0))
+		}
+		if c.DeadLettering != AtLeastOnce && c.DeadLettering != AtMostOnce {
+			return c, fmt.Errorf("rabbit: unknown Config.DeadLettering %d: want AtLeastOnce or AtMostOnce", int(c.DeadLettering))
 		}
 	case ModeDelayedExchange:
 	default:

@@ -80,3 +80,40 @@ func TestConfig_RefusesALadderWhoseHopsCannotMakeProgress(t *testing.T) {
 		}
 	}
 }
+
+// AtMostOnce is the ladder's way around the stall of RabbitMQ before
+// 3.12.5 after a cluster node is lost (docs/deployment.md): every level
+// queue is declared with it, and the default stays at-least-once.
+func TestConfig_DeadLetteringSetsEveryLevelsStrategy(t *testing.T) {
+	for _, c := range []struct {
+		d    DeadLettering
+		want string
+	}{{AtLeastOnce, "at-least-once"}, {AtMostOnce, "at-most-once"}} {
+		cfg, err := Config{URL: "amqp://u:p@127.0.0.1:5672/", Prefix: "p", Unit: time.Second, Depth: 3, DeadLettering: c.d}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range cfg.Depth {
+			if got := (topology{cfg: cfg}).levelArgs(k)["x-dead-letter-strategy"]; got != c.want {
+				t.Errorf("%v: level %d x-dead-letter-strategy %v, want %s", c.d, k, got, c.want)
+			}
+		}
+		d, err := ParseDeadLettering(c.want)
+		if err != nil || d != c.d {
+			t.Errorf("ParseDeadLettering(%q) = %v, %v", c.want, d, err)
+		}
+		topo, err := cfg.Topology()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := topo.Settings["dead-lettering"]; ok != (c.d != AtLeastOnce) || (ok && got != c.want) {
+			t.Errorf("%v: Topology dead-lettering = %q (present %v)", c.d, got, ok)
+		}
+	}
+	if _, err := ParseDeadLettering("exactly-once"); err == nil || !strings.Contains(err.Error(), "at-most-once") {
+		t.Errorf("ParseDeadLettering(exactly-once) = %v, want an error naming the choices", err)
+	}
+	if _, err := (Config{URL: "amqp://u:p@127.0.0.1:5672/", DeadLettering: 7}).withDefaults(); err == nil || !strings.Contains(err.Error(), "DeadLettering") {
+		t.Errorf("DeadLettering 7: err = %v, want it refused", err)
+	}
+}

@@ -11,7 +11,8 @@
 // level k holding every message for one queue-wide TTL of Unit × 2^k, so
 // expiry order is arrival order. A delay of n units enters at the level of
 // n's highest set bit and is dead-lettered (at-least-once dead-lettering
-// with reject-publish overflow: lossless on RabbitMQ 3.10+)
+// with reject-publish overflow: lossless on RabbitMQ 3.10+; at-most-once
+// for a cluster before 3.12.5, see Config.DeadLettering)
 // down through the levels of its other set bits, then into the topic's
 // queue <prefix>.q.<topic>. See ladder.go for the routing.
 //

@@ -24,8 +24,8 @@ import (
 // message into any queue of the vhost named like the topic, and every
 // publisher would need write access to amq.default. A message due in less
 // than one unit goes to the delivery exchange at once. So publishers need
-// no permission outside the prefix. Each queue dead-letters (at-least-once, keeping the message's
-// routing keys) to the next level's headers exchange <prefix>.ladder.<k−1>,
+// no permission outside the prefix. Each queue dead-letters (at-least-once
+// unless Config.DeadLettering says otherwise, keeping the message's routing keys) to the next level's headers exchange <prefix>.ladder.<k−1>,
 // which routes a message with dlbl-<k−1>=1 to its queue; any other message
 // it cannot route, so its alternate exchange, the exchange below it, takes
 // it (headers exchanges cannot match an absent header, and a header per
@@ -138,7 +138,7 @@ func (t topology) levelArgs(k int) amqp.Table {
 	args := quorum(amqp.Table{
 		"x-message-ttl":          int64((t.cfg.Unit << k) / time.Millisecond),
 		"x-dead-letter-exchange": t.nextExchange(k),
-		"x-dead-letter-strategy": "at-least-once",
+		"x-dead-letter-strategy": t.cfg.DeadLettering.String(),
 		"x-overflow":             "reject-publish",
 	})
 	if t.cfg.MaxLength > 0 {

@@ -21,6 +21,11 @@ func (c Config) Topology() (broker.Topology, error) {
 	if c.Mode == ModeLadder {
 		s["unit"] = c.Unit.String()
 		s["depth"] = strconv.Itoa(c.Depth)
+		if c.DeadLettering != AtLeastOnce {
+			// Only when not the default, so processes of earlier versions
+			// still agree with one that keeps it.
+			s["dead-lettering"] = c.DeadLettering.String()
+		}
 	}
 	return broker.Topology{Broker: "rabbit", Settings: s}, nil
 }
