@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -109,6 +110,7 @@ type benchFlags struct {
 	wait       time.Duration
 	httpAddr   string
 	relayOnly  bool
+	dbOnly     bool
 }
 
 func (o *benchFlags) register(f *pflag.FlagSet) {
@@ -133,6 +135,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker (delivering each message at its due time, 30,000 in flight) instead of --broker, to measure in the same session what the database and this process allow on the workload, with no broker's cost")
 }
 
 // check checks the workload flags and returns the relay's lookahead.
@@ -242,6 +245,9 @@ func (b *benchSession) execute(ctx context.Context) error {
 	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, o.tasks),
 		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks)}
 	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler}
+	if o.dbOnly {
+		b.res.Mode = "database only, " + o.bf.Broker + "'s lookahead"
+	}
 	if err := b.startConsumer(ctx); err != nil {
 		return err
 	}
@@ -319,7 +325,7 @@ func (b *benchSession) open(ctx context.Context) error {
 			return err
 		}
 	}
-	cl, err := o.bf.open(ctx, a, true)
+	cl, err := b.openBroker(ctx)
 	if err != nil {
 		return err
 	}
@@ -332,6 +338,20 @@ func (b *benchSession) open(ctx context.Context) error {
 	}
 	b.closers = append(b.closers, stopHTTP)
 	return nil
+}
+
+// openBroker connects --broker, or with --database-only starts the
+// in-process broker, with the chosen broker's lookahead.
+func (b *benchSession) openBroker(ctx context.Context) (*clients, error) {
+	cl, err := b.o.bf.open(ctx, b.a, true)
+	if err != nil || !b.o.dbOnly {
+		return cl, err
+	}
+	lookahead := cl.pub.Limits().Lookahead
+	cl.close()
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: lookahead}, Prefetch: 30000})
+	return &clients{pub: mem, sub: mem, close: func() { _ = mem.Close() },
+		ensure: func(context.Context, ...string) error { return nil }}, nil
 }
 
 // startConsumer builds the consumer of the chosen handler and, unless only
@@ -403,7 +423,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 	}
 	b.res.BaselineTPS = tps
 	fmt.Fprintf(b.a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", b.o.tasks, tps)
-	if b.o.bf.Broker == "rabbit" {
+	if b.o.bf.Broker == "rabbit" && !b.o.dbOnly {
 		cfg, err := b.o.bf.rabbitConfig(b.a)
 		if err != nil {
 			return err
