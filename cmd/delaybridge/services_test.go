@@ -230,6 +230,24 @@ func TestBench_RelayLookaheadHoldsTasksUntilTheirWindow(t *testing.T) {
 	}
 }
 
+// --database-only runs the workload through the in-process broker: every
+// task handled once, none early, and the group commit reported.
+func TestBench_DatabaseOnlyRunsTheWorkloadWithoutTheBroker(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "300", "--delay", "2s", "--per-tx", "50", "--preload", "--anchored",
+		"--handler", "db", "--database-only", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+	m := lastJSON(t, out)
+	if m["handled"] != 300.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
+		t.Fatalf("bench summary %v", m)
+	}
+	if mode, _ := m["mode"].(string); !strings.HasPrefix(mode, "database only") {
+		t.Fatalf("mode %q, want the in-process broker named", mode)
+	}
+	if g, _ := m["groups"].(float64); g < 1 {
+		t.Fatalf("groups = %v: 300 tasks due at one instant ran without a group commit", m["groups"])
+	}
+}
+
 func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	db, dsn := testenv.ScratchDB(t)
 	for _, c := range []struct {
