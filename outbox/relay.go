@@ -35,6 +35,15 @@ type RelayConfig struct {
 	// wait doubles from IdleMin up to IdleMax; Nudge cuts it short.
 	// Defaults 20ms and 1s.
 	IdleMin, IdleMax time.Duration
+	// Pace is how long a claim loop waits after a claim that did not fill
+	// its batch, while the relay publishes ahead (Lookahead > 0): tasks
+	// come into the window at the rate they come due, and a paced relay
+	// takes them in batches, a few statements per batch, rather than a few
+	// rows per claim. A task due sooner than 2×Pace+Probe (scheduled with
+	// a short delay) wakes the loops at once (see Probe), so pacing never
+	// makes a task late. Default DefaultPace; negative claims again at once
+	// (after IdleMin).
+	Pace time.Duration
 	// Probe is how often an idle relay checks, with one lock-free read of
 	// the index, whether a row came due (scheduled by another process)
 	// and wakes its loops if so. Default DefaultProbe; negative turns it
@@ -92,6 +101,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Probe == 0 {
 		c.Probe = DefaultProbe
 	}
+	if c.Pace == 0 {
+		c.Pace = DefaultPace
+	}
 	if c.RetryInitial <= 0 {
 		c.RetryInitial = time.Second
 	}
@@ -124,6 +136,11 @@ const (
 	// broker within about 50 ms of coming due, for 20 one-row index
 	// reads a second while idle.
 	DefaultProbe = 50 * time.Millisecond
+	// DefaultPace: a relay publishing 5,000 tasks a second ahead claims
+	// them about 1,000 at a time, and a task still reaches the broker a
+	// lookahead less a second before it is due. Never more than a fifth of
+	// the lookahead.
+	DefaultPace = time.Second
 	// DefaultMaxBatchBytes is 64 MiB: a batch of 1,000 tasks of 64 KiB
 	// each, or 16 of the largest payloads Schedule accepts.
 	DefaultMaxBatchBytes = 64 << 20
@@ -163,6 +180,12 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	}
 	if err := checkLookahead(cfg, limits); err != nil {
 		return nil, err
+	}
+	switch {
+	case cfg.Lookahead <= 0 || cfg.Pace < 0:
+		cfg.Pace = 0 // claim again after IdleMin, as without a window
+	default:
+		cfg.Pace = max(min(cfg.Pace, cfg.Lookahead/5), cfg.IdleMin)
 	}
 	if cfg.Lease <= cfg.PublishTimeout {
 		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
@@ -229,10 +252,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// probe looks every Probe for a row the relay could claim now and wakes
+// probe looks every Probe for a row the relay must claim now and wakes
 // the idle loops when it finds one: a task that another process schedules
 // due soon reaches the broker within about Probe, while the loops' own
-// claims back off to IdleMax. It reads one index entry, without a lock or a
+// claims back off to IdleMax, or keep their Pace. With a pace, only a row
+// due within 2×Pace+Probe is urgent: the paced claims take the rest well
+// before they are due. It reads one index entry, without a lock or a
 // transaction, so an idle relay stays cheap.
 func (r *Relay) probe(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Probe)
@@ -246,7 +271,7 @@ func (r *Relay) probe(ctx context.Context) {
 		now := r.cfg.Now()
 		limit := int64(1<<63 - 1)
 		if r.cfg.Lookahead > 0 {
-			limit = now.Add(r.cfg.Lookahead).UnixMilli()
+			limit = now.Add(min(r.cfg.Lookahead, r.urgent())).UnixMilli()
 		}
 		var one int
 		err := r.db.QueryRowContext(ctx, `SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
@@ -257,6 +282,16 @@ WHERE state = 'pending' AND due_ms <= ? AND next_attempt_ms <= ? LIMIT 1`, limit
 			}
 		}
 	}
+}
+
+// urgent is how soon a row must be due for the probe to wake a paced
+// relay: two paces and a probe, so a row the probe leaves to the next
+// paced claim is published at least a pace before it is due.
+func (r *Relay) urgent() time.Duration {
+	if r.cfg.Pace <= 0 {
+		return r.cfg.Lookahead
+	}
+	return 2*r.cfg.Pace + r.cfg.Probe
 }
 
 func (r *Relay) loop(ctx context.Context) {
@@ -283,6 +318,9 @@ func (r *Relay) loop(ctx context.Context) {
 			idle = min(2*idle, r.cfg.IdleMax)
 			if n > 0 {
 				idle = r.cfg.IdleMin
+				if r.cfg.Pace > 0 {
+					wait = r.cfg.Pace
+				}
 			}
 		}
 		t := time.NewTimer(wait)

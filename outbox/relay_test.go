@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -346,5 +347,47 @@ func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
 	// Negative is every pending row at once, whatever the broker advises.
 	if _, err := outbox.NewRelay(b.db, mem, outbox.RelayConfig{Lookahead: -1}); err != nil {
 		t.Errorf("Lookahead -1: %v", err)
+	}
+}
+
+// A relay publishing ahead claims what comes into its window in paced
+// batches, not row by row as it arrives, and a task due sooner than two
+// paces still wakes it at once and reaches the broker before it is due.
+func TestRelay_PacedClaimsBatchTheWindowAndUrgentTasksStillGoAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 10 * time.Second}})
+	t.Cleanup(func() { _ = mem.Close() })
+	var batches atomic.Int64
+	r := newRelay(t, b, mem, outbox.RelayConfig{Workers: 1, Hooks: outbox.RelayHooks{Published: func(int, time.Duration) { batches.Add(1) }}})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after 5s: %s", what)
+			}
+		}
+	}
+	// 20 tasks due 8 s out (inside the window, not urgent), one every 75 ms
+	// for 1.5 s: a paced relay (1 s) takes them in two or three claims.
+	for i := range 20 {
+		b.schedule(t, outbox.Task{Topic: "pace", Key: fmt.Sprintf("ahead-%d", i), DueAt: time.Now().Add(8 * time.Second)})
+		time.Sleep(75 * time.Millisecond)
+	}
+	waitFor("20 tasks published", func() bool { return b.count(t, "state = 'published'") == 20 })
+	if n := batches.Load(); n > 4 {
+		t.Fatalf("%d publish batches for 20 tasks arriving over 1.5 s: the relay claimed them as they came instead of at its pace", n)
+	}
+	// Due in 1 s, scheduled by another process (no Nudge): the probe wakes
+	// the relay and the task is in the broker before it is due.
+	due := time.Now().Add(time.Second)
+	b.schedule(t, outbox.Task{Topic: "pace", Key: "urgent", DueAt: due})
+	waitFor("the urgent task published", func() bool { return b.count(t, "task_key = 'urgent' AND state = 'published'") == 1 })
+	if info, _ := outbox.Get(b.ctx, b.db, "pace", "urgent"); info.PublishedAt.After(due) {
+		t.Fatalf("urgent task published at %v, after its due time %v", info.PublishedAt, due)
 	}
 }

@@ -111,6 +111,7 @@ type benchFlags struct {
 	httpAddr   string
 	relayOnly  bool
 	dbOnly     bool
+	pace       time.Duration
 }
 
 func (o *benchFlags) register(f *pflag.FlagSet) {
@@ -127,6 +128,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
 	f.IntVar(&o.relayWkrs, "relay-workers", 4, "relay claim loops")
 	f.IntVar(&o.relayBatch, "relay-batch", 1000, "rows one relay claim takes")
+	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
 	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
 	f.IntVar(&o.concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
@@ -444,7 +446,7 @@ func (b *benchSession) newRelay() error {
 	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }
 	var err error
 	b.relay, err = outbox.NewRelay(b.db, b.cl.pub, outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
-		Lookahead: b.ahead, Logger: b.a.log, Hooks: hooks})
+		Lookahead: b.ahead, Pace: b.o.pace, Logger: b.a.log, Hooks: hooks})
 	return err
 }
 

@@ -27,6 +27,7 @@ func newRunCmd(a *app) *cobra.Command {
 		lookahead time.Duration
 		batch     int
 		workers   int
+		pace      time.Duration
 		grace     time.Duration
 		retention time.Duration
 		cleanDuty float64
@@ -97,7 +98,7 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			m.shard = shardName
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead,
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.relayHooks(), a.log, 0), Logger: a.log})
 			if err != nil {
 				return err
@@ -172,6 +173,7 @@ back (up to --drain) and exits 0.`,
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
+	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
 	f.DurationVar(&retention, "retention", 7*24*time.Hour, "how long done and cancelled tasks are kept after their due time")
 	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of its time the cleaner spends deleting; it pauses between batches for the rest, so order transactions keep their latency (1 = back to back)")
@@ -239,6 +241,8 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 
 // lookaheadHelp documents --lookahead for run and bench.
 const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 5s, and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
+
+const relayPaceHelp = "how long a relay loop waits after a claim that did not fill its batch while it publishes ahead (at most a fifth of the lookahead): tasks are claimed in batches as they come into the lookahead; one due sooner than two paces wakes the relay at once (negative = claim again at once)"
 
 // lookaheadSetting turns --lookahead into RelayConfig.Lookahead: unset is
 // the broker's advice (0), an explicit 0 every pending task at once (-1).
