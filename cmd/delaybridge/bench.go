@@ -46,6 +46,7 @@ type benchResult struct {
 	Groups        int64            `json:"groups"`
 	MeanGroup     float64          `json:"mean_group"`
 	MeanGroupMS   float64          `json:"mean_group_ms"`
+	ProcessCPU    float64          `json:"process_cpu_s"`
 	ElapsedSecond float64          `json:"elapsed_s"`
 }
 
@@ -519,7 +520,7 @@ func (b *benchSession) reportRelayOnly() error {
 	fmt.Fprintln(out)
 	if b.o.asJSON {
 		j, _ := json.Marshal(map[string]any{"broker": res.Broker, "mode": res.Mode, "tasks": b.o.tasks, "scheduled": res.Scheduled,
-			"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS})
+			"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS, "process_cpu_s": processCPU()})
 		fmt.Fprintln(out, string(j))
 	}
 	return nil
@@ -552,6 +553,7 @@ func (b *benchSession) report() error {
 	l := outbox.Summarize(late)
 	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
 	res.ElapsedSecond = time.Since(b.scheduleStart).Seconds()
+	res.ProcessCPU = processCPU()
 	if res.Groups = run.groups.Load(); res.Groups > 0 {
 		res.MeanGroup = float64(run.grouped.Load()) / float64(res.Groups)
 		res.MeanGroupMS = float64(run.groupMicros.Load()) / 1000 / float64(res.Groups)
@@ -575,6 +577,15 @@ func (b *benchSession) report() error {
 		return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
 	}
 	return nil
+}
+
+// processCPU returns the CPU seconds (user and system) this process used.
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // benchSchedule schedules tasks [first, last) in one transaction, task i
