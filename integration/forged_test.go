@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -69,10 +70,13 @@ func rabbitForgeTarget(t *testing.T, victim string) forgeTarget {
 	}
 	return forgeTarget{pub: pub, sub: sub,
 		forge: func(m *broker.Message) {
-			h := amqp.Table{}
+			// The envelope as docs/envelope.md tells a foreign producer
+			// to write it: one header, the fields as a URL query.
+			env := url.Values{}
 			for k, v := range broker.Encode(m) {
-				h[k] = v
+				env.Set(strings.TrimPrefix(k, broker.HeaderPrefix), v)
 			}
+			h := amqp.Table{"delaybridge-env": env.Encode()}
 			if err := ch.Publish("", cfg.Prefix+".q."+victim, false, false, amqp.Publishing{Headers: h, Body: m.Payload, DeliveryMode: amqp.Persistent}); err != nil {
 				t.Fatal(err)
 			}

@@ -81,7 +81,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 				inflight--
 			}
 			err := ch.PublishWithContext(context.Background(), "", q, true, false, amqp.Publishing{
-				Headers: envelopeTable(m, 0, false), ContentType: "application/octet-stream",
+				Headers: envelopeTable(m, 0), ContentType: "application/octet-stream",
 				DeliveryMode: amqp.Persistent, Body: m.Payload, MessageId: m.Key, Timestamp: time.Now(),
 			})
 			if err != nil {

@@ -172,12 +172,6 @@ type Config struct {
 	// messages the runtime holds count against it, so it should exceed the
 	// due rate × (Unit + Lead). Default DefaultPrefetch.
 	Prefetch int
-	// SplitEnvelope publishes the envelope as one AMQP header per field,
-	// the form before delaybridge-env, which every version reads. Set it on
-	// every process while a deployment still runs a version older than the
-	// packed form (consumers publish too: hops, retries, dead letters), and
-	// drop it once none does.
-	SplitEnvelope bool
 	// ConnectionName is sent as the connection_name client property,
 	// followed by the role (" publisher", " subscriber <topic>"). Default
 	// DefaultConnectionName.

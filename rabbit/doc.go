@@ -77,13 +77,8 @@
 // one AMQP header, delaybridge-env, as a URL query that reads plainly in the
 // management UI. RabbitMQ decodes every header at each publish and each
 // ladder hop, so one header instead of a dozen takes it less work per
-// message. Every process also reads the older form, one header per field,
-// which messages published before may still carry. A process older than the
-// packed form sees no envelope in a packed message and dead-letters it, and
-// consumers publish too (hops, retries, dead letters): during a rolling
-// upgrade from such a version, run the new processes with
-// Config.SplitEnvelope (--rabbit-split-envelope), which publishes the old
-// form, and drop it once no old process is left.
+// message. It is the only form: an envelope field sent as an AMQP header of
+// its own makes the message malformed (docs/envelope.md).
 //
 // # Delayed-exchange mode
 //

@@ -92,7 +92,7 @@ func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
 func TestEnvelopeTable_PublishesNoDeathHeaders(t *testing.T) {
 	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(),
 		Headers: map[string]string{"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired"}}
-	tab := envelopeTable(m, 0, false)
+	tab := envelopeTable(m, 0)
 	if len(tab) != 1 || tab[envHeader] == nil {
 		t.Fatalf("envelopeTable = %v, want only %s", tab, envHeader)
 	}
