@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -215,11 +216,7 @@ func forgeAndCheck(t *testing.T, open func(t *testing.T, victim string) forgeTar
 // eventually waits up to 30s for cond.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(30*time.Second, 50*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -256,12 +257,8 @@ func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
-	deadline := time.Now().Add(20 * time.Second)
-	for b.count(t, "state = 'done'") < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks done", b.count(t, "state = 'done'"), n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'done'") >= n }) {
+		t.Fatalf("only %d of %d tasks done", b.count(t, "state = 'done'"), n)
 	}
 	var cancelled int
 	if err := b.db.QueryRow("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND cancels = 1").Scan(&cancelled); err != nil || cancelled != n {

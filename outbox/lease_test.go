@@ -9,6 +9,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -288,11 +289,9 @@ func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the loops made their first, empty claim and sleep for an hour
 		key := fmt.Sprintf("elsewhere-%v", probe > 0)
 		b.schedule(t, outbox.Task{Topic: "probe", Key: key, DueAt: time.Now()})
-		deadline := time.Now().Add(3 * time.Second)
-		for b.count(t, "task_key = ? AND state = 'published'", key) == 0 && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		published := b.count(t, "task_key = ? AND state = 'published'", key) == 1
+		published := testutil.Eventually(3*time.Second, 20*time.Millisecond, func() bool {
+			return b.count(t, "task_key = ? AND state = 'published'", key) == 1
+		})
 		cancel()
 		<-done
 		if published != (probe > 0) {

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
@@ -121,20 +122,16 @@ func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
 // getWithin polls queue with basic.get until a message comes or the wait ends.
 func getWithin(t *testing.T, ch *amqp.Channel, queue string, wait time.Duration) (amqp.Delivery, bool) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
+	var d amqp.Delivery
+	ok := testutil.Eventually(wait, 20*time.Millisecond, func() bool {
+		var got bool
+		var err error
+		if d, got, err = ch.Get(queue, false); err != nil {
 			t.Fatalf("get %s: %v", queue, err)
 		}
-		if ok {
-			return d, true
-		}
-		if time.Now().After(deadline) {
-			return amqp.Delivery{}, false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return got
+	})
+	return d, ok
 }
 
 // deathCount returns x-death's count for queue, 0 when absent.
