@@ -29,10 +29,10 @@ type CleanerConfig struct {
 }
 
 // DefaultCleanerDuty keeps the cleaner deleting a quarter of the time.
-// Back to back, 1,000-row deletes ran 37–43k rows/s on a 2-core box but
-// took 1.5 cores and raised the order transaction's p99 about fivefold;
-// a quarter still deletes several times the 5,000 finished tasks a second
-// of a busy service (BENCHMARKS.md, BenchmarkCleaner).
+// Deleting back to back takes most of a small server's cores and slows the
+// order transaction several times over; a quarter still deletes several
+// times faster than a busy service finishes tasks (BENCHMARKS.md,
+// BenchmarkCleaner).
 const DefaultCleanerDuty = 0.25
 
 // Cleaner deletes finished tasks past their retention in small batches,
