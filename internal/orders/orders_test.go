@@ -14,7 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
-	"github.com/delaybridge/delaybridge/examples/ordertimeout/orders"
+	"github.com/delaybridge/delaybridge/internal/orders"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
