@@ -30,7 +30,9 @@ test: lint services tools
 	$(WITH_SERVICES_ENV) go test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) fuzz FUZZTIME=10s
 
-# Each fuzz target for FUZZTIME (default 60s); new crashers land in testdata.
+# Each fuzz target for FUZZTIME (default 60s); a failing input lands in the
+# package's testdata/fuzz/<Target>/. Commit such an input as a regression
+# test; the inputs a run merely found interesting stay in the Go build cache.
 FUZZTIME ?= 60s
 fuzz:
 	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/

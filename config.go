@@ -57,9 +57,6 @@ type Config struct {
 	// RabbitPrefetch is the unacked deliveries each consumer subscription
 	// may hold (--rabbit-prefetch; consumers only).
 	RabbitPrefetch int
-	// RabbitSplitEnvelope publishes the envelope one header per field
-	// (--rabbit-split-envelope; see rabbit/doc.go).
-	RabbitSplitEnvelope bool
 	// RabbitMaxLength is the x-max-length of each ladder and topic queue
 	// (--rabbit-max-length); -1 means no bound.
 	RabbitMaxLength int
@@ -214,7 +211,6 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
 	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile; the relay's default lookahead equals it (0 = the default, 5s or half of one ladder hop if less; negative = none)")
 	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
-	fs.BoolVar(&c.RabbitSplitEnvelope, "rabbit-split-envelope", c.RabbitSplitEnvelope, "publish the envelope as one AMQP header per field, the form versions before delaybridge-env read: set it on every process while any older one still runs")
 	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
 	fs.StringVar(&c.RabbitDeadLettering, "rabbit-dead-lettering", c.RabbitDeadLettering, "how the ladder's levels hand an expired message on: at-least-once, or at-most-once for a RabbitMQ cluster before 3.12.5 (a lost node then stalls nothing; a message dropped meanwhile is published again by the scanner after --grace); every process must use the same, and changing it needs the ladder's queues deleted first")
 	fs.StringVar(&c.RocketNameServers, "rocketmq-namesrv", c.RocketNameServers, "RocketMQ name servers, comma separated host:port")
@@ -278,7 +274,7 @@ func (e *NotConfiguredError) Error() string {
 
 // RabbitConfig returns the rabbit adapter's configuration.
 func (c Config) RabbitConfig() (rabbit.Config, error) {
-	cfg := rabbit.Config{URL: c.AMQPURL, Nodes: c.AMQPNodes, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, SplitEnvelope: c.RabbitSplitEnvelope, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
+	cfg := rabbit.Config{URL: c.AMQPURL, Nodes: c.AMQPNodes, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
 	if c.AMQPURL == "" {
 		return cfg, &NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
 	}

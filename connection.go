@@ -154,8 +154,9 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 	}
 	if !strings.Contains(c.MySQLDSN, "interpolateParams=") && interpolationSafe(cfg.Collation) {
 		// Arguments sent inside the statement: one round trip per statement
-		// instead of three (prepare, execute, close). On the 2-core test box
-		// that was most of the relay's and the consumer's database time.
+		// instead of three (prepare, execute, close). Under load those
+		// round trips were most of the relay's and the consumer's database
+		// time.
 		cfg.InterpolateParams = true
 	}
 	if tc != nil {

@@ -9,8 +9,7 @@ import (
 )
 
 // Envelope header names. RocketMQ carries them as user properties; RabbitMQ
-// packs them into one AMQP header (see package rabbit) and still reads them as
-// separate string headers.
+// packs them into one AMQP header (see package rabbit).
 const (
 	HeaderVersion    = "delaybridge-v"
 	HeaderTaskID     = "delaybridge-task"

@@ -4,6 +4,7 @@ package integration
 // delaybridge relies on it for. `make demo` runs these for now.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -13,7 +14,6 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/stretchr/testify/require"
 )
 
 func TestEnvironment_MariaDBWritesAndReadsARow(t *testing.T) {
@@ -24,22 +24,34 @@ func TestEnvironment_MariaDBWritesAndReadsARow(t *testing.T) {
 	table := uniqueName("env_check")
 	_, err := db.ExecContext(ctx, fmt.Sprintf(
 		"CREATE TABLE `%s` (id BIGINT PRIMARY KEY, note VARCHAR(64) NOT NULL, at DATETIME(3) NOT NULL) ENGINE=InnoDB", table))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		_, err := db.Exec(fmt.Sprintf("DROP TABLE IF EXISTS `%s`", table))
-		require.NoError(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	_, err = db.ExecContext(ctx, fmt.Sprintf("INSERT INTO `%s` (id, note, at) VALUES (?, ?, ?)", table), 42, "cancel order 42 ✓", at)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	var note string
 	var got time.Time
 	err = db.QueryRowContext(ctx, fmt.Sprintf("SELECT note, at FROM `%s` WHERE id = ?", table), 42).Scan(&note, &got)
-	require.NoError(t, err)
-	require.Equal(t, "cancel order 42 ✓", note, "utf8mb4 text survives the round trip")
-	require.True(t, at.Equal(got), "DATETIME(3) round trip: wrote %v, read %v", at, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if note != "cancel order 42 ✓" {
+		t.Fatalf("utf8mb4 text survives the round trip: got %v, want %v", note, "cancel order 42 ✓")
+	}
+	if !at.Equal(got) {
+		t.Fatalf("DATETIME(3) round trip: wrote %v, read %v", at, got)
+	}
 }
 
 func TestEnvironment_RabbitMQConfirmedPublishIsConsumed(t *testing.T) {
@@ -48,42 +60,68 @@ func TestEnvironment_RabbitMQConfirmedPublishIsConsumed(t *testing.T) {
 	defer cancel()
 
 	ch, err := conn.Channel()
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer func() { _ = ch.Close() }()
 
 	// Quorum queues are always durable and can be neither exclusive nor
 	// auto-delete, so the test deletes it itself, on a channel of its own.
 	queue := uniqueName("env_check")
 	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		cleanup, err := conn.Channel()
-		require.NoError(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer func() { _ = cleanup.Close() }()
 		_, err = cleanup.QueueDelete(queue, false, false, false)
-		require.NoError(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
 	})
 
-	require.NoError(t, ch.Confirm(false))
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
 	body := []byte("cancel order 42 at " + time.Now().UTC().Format(time.RFC3339Nano))
 	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent,
 		ContentType:  "text/plain",
 		Body:         body,
 	})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	acked, err := confirm.WaitContext(ctx)
-	require.NoError(t, err)
-	require.True(t, acked, "broker nacked the publish")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !acked {
+		t.Fatalf("broker nacked the publish")
+	}
 
-	require.NoError(t, ch.Qos(1, 0, false))
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
 	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", false, false, false, false, nil)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case d, ok := <-deliveries:
-		require.True(t, ok, "delivery channel closed")
-		require.Equal(t, body, d.Body)
-		require.NoError(t, d.Ack(false))
+		if !ok {
+			t.Fatalf("delivery channel closed")
+		}
+		if got, want := d.Body, body; !bytes.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
 	case <-ctx.Done():
 		t.Fatal("confirmed message was not delivered within 30s")
 	}
@@ -101,8 +139,12 @@ func TestEnvironment_RocketMQTimerMessageArrivesNoEarlierThanDue(t *testing.T) {
 		producer.WithRetry(2),
 		producer.WithSendMsgTimeout(10*time.Second),
 	)
-	require.NoError(t, err)
-	require.NoError(t, prod.Start())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.Start(); err != nil {
+		t.Fatal(err)
+	}
 	defer func() { _ = prod.Shutdown() }()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -112,7 +154,9 @@ func TestEnvironment_RocketMQTimerMessageArrivesNoEarlierThanDue(t *testing.T) {
 	// and once the consumer has received it, the consumer owns its queues, so
 	// the timer message below cannot be missed or sit behind a rebalance.
 	_, err = prod.SendSync(ctx, primitive.NewMessage(topic, []byte("marker")))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	type arrival struct {
 		body string
@@ -125,7 +169,9 @@ func TestEnvironment_RocketMQTimerMessageArrivesNoEarlierThanDue(t *testing.T) {
 		consumer.WithInstance(topic+"_consumer"),
 		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
 	)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = cons.Subscribe(topic, consumer.MessageSelector{Type: consumer.TAG, Expression: "*"},
 		func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 			now := time.Now()
@@ -134,13 +180,19 @@ func TestEnvironment_RocketMQTimerMessageArrivesNoEarlierThanDue(t *testing.T) {
 			}
 			return consumer.ConsumeSuccess, nil
 		})
-	require.NoError(t, err)
-	require.NoError(t, cons.Start())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cons.Start(); err != nil {
+		t.Fatal(err)
+	}
 	defer func() { _ = cons.Shutdown() }()
 
 	select {
 	case a := <-arrivals:
-		require.Equal(t, "marker", a.body)
+		if got := a.body; got != "marker" {
+			t.Fatalf("got %v, want %v", got, "marker")
+		}
 	case <-ctx.Done():
 		t.Fatal("consumer did not receive the marker within 90s: no queues assigned?")
 	}
@@ -149,16 +201,28 @@ func TestEnvironment_RocketMQTimerMessageArrivesNoEarlierThanDue(t *testing.T) {
 	// delivers at the first slot boundary at or after the due time.
 	due := time.Now().Add(2 * time.Second)
 	msg := primitive.NewMessage(topic, []byte("timer")).WithDelayTimestamp(due)
-	require.Equal(t, fmt.Sprint(due.UnixMilli()), msg.GetProperty(primitive.PropertyTimerDeliverMS))
+	if got, want := msg.GetProperty(primitive.PropertyTimerDeliverMS), fmt.Sprint(due.UnixMilli()); got != want {
+		t.Fatalf("got %v, want %v", got, want)
+	}
 	res, err := prod.SendSync(ctx, msg)
-	require.NoError(t, err)
-	require.Equal(t, primitive.SendOK, res.Status)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Status; got != primitive.SendOK {
+		t.Fatalf("got %v, want %v", got, primitive.SendOK)
+	}
 
 	select {
 	case a := <-arrivals:
-		require.Equal(t, "timer", a.body)
-		require.False(t, a.at.Before(due), "timer message arrived %v before its due time", due.Sub(a.at))
-		require.WithinDuration(t, due, a.at, 10*time.Second, "timer message arrived late")
+		if got := a.body; got != "timer" {
+			t.Fatalf("got %v, want %v", got, "timer")
+		}
+		if a.at.Before(due) {
+			t.Fatalf("timer message arrived %v before its due time", due.Sub(a.at))
+		}
+		if late := a.at.Sub(due); late > 10*time.Second {
+			t.Fatalf("timer message arrived %v late", late)
+		}
 		t.Logf("timer message due %s arrived %v after due", due.Format("15:04:05.000"), a.at.Sub(due))
 	case <-time.After(time.Until(due) + 10*time.Second):
 		t.Fatal("timer message did not arrive within 10s of its due time")

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
@@ -156,15 +157,14 @@ func faultConsumer(ctx context.Context, cfg pipelineConfig, log *slog.Logger) er
 		c        *broker.Consumer
 		closeAll func()
 	)
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		if c, closeAll, err = start(); err == nil {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("consume %s on %s: %w", cfg.Topic, cfg.Broker, err)
+	if !testutil.Eventually(3*time.Minute, time.Second, func() bool {
+		if c, closeAll, err = start(); err == nil || ctx.Err() != nil {
+			return true
 		}
 		log.Warn("fault consumer: not started, retrying", "err", err)
-		time.Sleep(time.Second)
+		return false
+	}) || err != nil {
+		return fmt.Errorf("consume %s on %s: %w", cfg.Topic, cfg.Broker, err)
 	}
 	defer closeAll()
 	fmt.Fprintln(os.Stderr, "fault consumer: consuming", cfg.Topic)

@@ -35,6 +35,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -502,20 +503,15 @@ func TestFaults_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 	}
 	deadline := time.Now().Add(drain)
 	for _, p := range ps {
-		for {
-			var open int
+		var open int
+		if !testutil.Eventually(time.Until(deadline), 2*time.Second, func() bool {
 			// Handle marks a task done in the transaction of its effect.
 			if err := p.db.QueryRow(`SELECT COUNT(*) FROM delay_task WHERE state IN ('pending', 'published')`).Scan(&open); err != nil {
 				t.Fatal(err)
 			}
-			if open == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("%s: %d tasks never handled", p.name, open)
-				break
-			}
-			time.Sleep(2 * time.Second)
+			return open == 0
+		}) {
+			t.Errorf("%s: %d tasks never handled", p.name, open)
 		}
 	}
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -144,16 +145,12 @@ func (f *flow) count(t testing.TB, q string, args ...any) int {
 // waitDone waits until n tasks are done.
 func (f *flow) waitDone(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'")
-		if done >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d tasks done after %v", done, n, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var done int
+	if !testutil.Eventually(timeout, 100*time.Millisecond, func() bool {
+		done = f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'")
+		return done >= n
+	}) {
+		t.Fatalf("%d of %d tasks done after %v", done, n, timeout)
 	}
 }
 
@@ -245,12 +242,10 @@ func TestFlow_RescheduleAfterPublishRunsAtTheNewTimeOnly(t *testing.T) {
 		f.consume(t, pub, sub)
 		f.relay(t, pub)
 		f.order(t, "moved", time.Now().Add(2*time.Second))
-		deadline := time.Now().Add(10 * time.Second)
-		for f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'published'") == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("never published")
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !testutil.Eventually(10*time.Second, 20*time.Millisecond, func() bool {
+			return f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'published'") > 0
+		}) {
+			t.Fatal("never published")
 		}
 		newDue := time.Now().Add(6 * time.Second)
 		if err := outbox.Reschedule(f.ctx, f.db, f.topic, "moved", newDue); err != nil {
@@ -323,18 +318,17 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 			t.Fatalf("%d payments went through, %d lost to the timeout, of %d", paid.Load(), lost.Load(), n)
 		}
 		deadline := time.Now().Add(30 * time.Second)
-		for f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'UNPAID'") > 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("orders left unpaid past due")
-			}
-			time.Sleep(100 * time.Millisecond)
+		if !testutil.Eventually(30*time.Second, 100*time.Millisecond, func() bool {
+			return f.count(t, "SELECT COUNT(*) FROM orders WHERE status = 'UNPAID'") == 0
+		}) {
+			t.Fatal("orders left unpaid past due")
 		}
 		// Wait for every published message to reach Handle, those of paid
 		// orders included: they are the ones Handle must skip.
 		infos := make(map[string]*outbox.Info, n)
 		for i := range n {
 			id := fmt.Sprintf("p-%d", i)
-			for {
+			if !testutil.Eventually(time.Until(deadline), 50*time.Millisecond, func() bool {
 				f.mu.Lock()
 				arrived := len(f.outcomes[id]) > 0
 				f.mu.Unlock()
@@ -342,14 +336,10 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: Get: %v", id, err)
 				}
-				if arrived || info.PublishedAt.IsZero() {
-					infos[id] = info
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s was published but its message never reached Handle", id)
-				}
-				time.Sleep(50 * time.Millisecond)
+				infos[id] = info
+				return arrived || info.PublishedAt.IsZero()
+			}) {
+				t.Fatalf("%s was published but its message never reached Handle", id)
 			}
 		}
 		reached := 0 // paid orders whose message reached Handle

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -69,10 +71,13 @@ func rabbitForgeTarget(t *testing.T, victim string) forgeTarget {
 	}
 	return forgeTarget{pub: pub, sub: sub,
 		forge: func(m *broker.Message) {
-			h := amqp.Table{}
+			// The envelope as docs/envelope.md tells a foreign producer
+			// to write it: one header, the fields as a URL query.
+			env := url.Values{}
 			for k, v := range broker.Encode(m) {
-				h[k] = v
+				env.Set(strings.TrimPrefix(k, broker.HeaderPrefix), v)
 			}
+			h := amqp.Table{"delaybridge-env": env.Encode()}
 			if err := ch.Publish("", cfg.Prefix+".q."+victim, false, false, amqp.Publishing{Headers: h, Body: m.Payload, DeliveryMode: amqp.Persistent}); err != nil {
 				t.Fatal(err)
 			}
@@ -211,11 +216,7 @@ func forgeAndCheck(t *testing.T, open func(t *testing.T, victim string) forgeTar
 // eventually waits up to 30s for cond.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(30*time.Second, 50*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -95,16 +96,12 @@ func TestOutage_PaymentsNeverWaitOnABroker(t *testing.T) {
 				t.Fatal("no payment ran during the outage: the test proved nothing")
 			}
 			n := int(w.orders.Load())
-			deadline := time.Now().Add(3 * time.Minute)
-			for {
-				open := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state NOT IN ('done', 'cancelled')")
-				if open == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of %d tasks neither done nor cancelled 3 minutes after the broker returned", open, n)
-				}
-				time.Sleep(200 * time.Millisecond)
+			var open int
+			if !testutil.Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+				open = f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state NOT IN ('done', 'cancelled')")
+				return open == 0
+			}) {
+				t.Fatalf("%d of %d tasks neither done nor cancelled 3 minutes after the broker returned", open, n)
 			}
 			if bad := f.count(t, "SELECT COUNT(*) FROM orders WHERE paid = 1 AND (status <> 'PAID' OR effects <> 0)"); bad != 0 {
 				t.Fatalf("%d paid orders were cancelled", bad)

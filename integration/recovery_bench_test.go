@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -65,12 +66,10 @@ SELECT ?, CONCAT('r-', seq), ?, '', 'pending', ?, ? FROM seq_1_to_%d`, n), f.top
 		ctx, cancel := context.WithCancel(f.ctx)
 		done := make(chan struct{})
 		go func() { _ = sc.Run(ctx); close(done) }()
-		deadline := time.Now().Add(20 * time.Minute)
-		for f.count(b, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'") < n {
-			if time.Now().After(deadline) {
-				b.Fatal("not recovered in 20 minutes")
-			}
-			time.Sleep(200 * time.Millisecond)
+		if !testutil.Eventually(20*time.Minute, 200*time.Millisecond, func() bool {
+			return f.count(b, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'") >= n
+		}) {
+			b.Fatal("not recovered in 20 minutes")
 		}
 		took := time.Since(start)
 		b.StopTimer()

@@ -26,6 +26,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -255,18 +256,15 @@ func TestShards_ADeadShardStallsOnlyItselfAndLosesNothing(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Minute)
 	var recovered time.Duration
 	for _, s := range shards {
-		for {
-			open := s.count(t, "SELECT COUNT(*) FROM delay_task WHERE state <> 'done'")
+		var open int
+		if !testutil.Eventually(time.Until(deadline), 200*time.Millisecond, func() bool {
+			open = s.count(t, "SELECT COUNT(*) FROM delay_task WHERE state <> 'done'")
 			if s == b && recovered == 0 && s.count(t, "SELECT COUNT(*) FROM delay_task WHERE state <> 'done' AND due_ms < ?", back.UnixMilli()) == 0 {
 				recovered = time.Since(back)
 			}
-			if open == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("shard %s: %d tasks never handled", s.name, open)
-			}
-			time.Sleep(200 * time.Millisecond)
+			return open == 0
+		}) {
+			t.Fatalf("shard %s: %d tasks never handled", s.name, open)
 		}
 	}
 	t.Logf("shard b down %v; every task of it due before its return handled %v after it came back", back.Sub(killed).Round(time.Millisecond), recovered.Round(100*time.Millisecond))

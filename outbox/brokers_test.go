@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
@@ -129,19 +130,15 @@ func TestRoundTrip_MetacharactersAndLargestPayloadsArriveUnharmed(t *testing.T) 
 			go func() { done <- relay.Run(ctx) }()
 			t.Cleanup(func() { stop(); <-done })
 
-			deadline := time.Now().Add(60 * time.Second)
-			for b.count(t, "state = 'done'") < len(tasks) {
-				if time.Now().After(deadline) {
-					var states []string
-					rows, _ := b.db.Query("SELECT CONCAT(HEX(task_key), ':', state, ':', COALESCE(last_error, '')) FROM delay_task")
-					for rows != nil && rows.Next() {
-						var s string
-						_ = rows.Scan(&s)
-						states = append(states, s)
-					}
-					t.Fatalf("not every task done after 60s: %v", states)
+			if !testutil.Eventually(60*time.Second, 50*time.Millisecond, func() bool { return b.count(t, "state = 'done'") >= len(tasks) }) {
+				var states []string
+				rows, _ := b.db.Query("SELECT CONCAT(HEX(task_key), ':', state, ':', COALESCE(last_error, '')) FROM delay_task")
+				for rows != nil && rows.Next() {
+					var s string
+					_ = rows.Scan(&s)
+					states = append(states, s)
 				}
-				time.Sleep(50 * time.Millisecond)
+				t.Fatalf("not every task done after 60s: %v", states)
 			}
 
 			mu.Lock()

@@ -11,16 +11,18 @@ import (
 // CleanerConfig configures a Cleaner. Every zero value means the default.
 type CleanerConfig struct {
 	// Retention keeps done and cancelled tasks this long after their due
-	// time, so duplicates arriving late still find them. Default 7 days.
+	// time, so duplicates arriving late still find them. Default
+	// DefaultRetention.
 	Retention time.Duration
-	// BatchSize is how many rows one DELETE removes. Default 1000.
+	// BatchSize is how many rows one DELETE removes. Default
+	// DefaultCleanerBatchSize.
 	BatchSize int
 	// Duty is the share of a pass's wall time spent deleting: after each
 	// batch that took d the cleaner pauses d × (1 − Duty) / Duty, so the
 	// order transactions that share the table and the server's cores get
 	// the rest. Default DefaultCleanerDuty; 1 deletes back to back.
 	Duty float64
-	// Interval is the pause between passes. Default 1 minute.
+	// Interval is the pause between passes. Default DefaultCleanerInterval.
 	Interval time.Duration
 	// Logger receives the cleaner's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -29,11 +31,22 @@ type CleanerConfig struct {
 }
 
 // DefaultCleanerDuty keeps the cleaner deleting a quarter of the time.
-// Back to back, 1,000-row deletes ran 37–43k rows/s on a 2-core box but
-// took 1.5 cores and raised the order transaction's p99 about fivefold;
-// a quarter still deletes several times the 5,000 finished tasks a second
-// of a busy service (BENCHMARKS.md, BenchmarkCleaner).
+// Deleting back to back takes most of a small server's cores and slows the
+// order transaction several times over; a quarter still deletes several
+// times faster than a busy service finishes tasks (BENCHMARKS.md,
+// BenchmarkCleaner).
 const DefaultCleanerDuty = 0.25
+
+// Defaults of the other CleanerConfig fields.
+const (
+	// DefaultRetention keeps finished tasks a week after their due time
+	// (delaybridge run --retention).
+	DefaultRetention = 7 * 24 * time.Hour
+	// DefaultCleanerBatchSize keeps each DELETE a short transaction.
+	DefaultCleanerBatchSize = 1000
+	// DefaultCleanerInterval is the pause between passes.
+	DefaultCleanerInterval = time.Minute
+)
 
 // Cleaner deletes finished tasks past their retention in small batches,
 // each its own short READ COMMITTED transaction (no gap locks), paced by
@@ -47,13 +60,13 @@ type Cleaner struct {
 // NewCleaner returns a cleaner of db.
 func NewCleaner(db *sql.DB, cfg CleanerConfig) *Cleaner {
 	if cfg.Retention <= 0 {
-		cfg.Retention = 7 * 24 * time.Hour
+		cfg.Retention = DefaultRetention
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = DefaultCleanerBatchSize
 	}
 	if cfg.Interval <= 0 {
-		cfg.Interval = time.Minute
+		cfg.Interval = DefaultCleanerInterval
 	}
 	if cfg.Duty <= 0 || cfg.Duty > 1 {
 		cfg.Duty = DefaultCleanerDuty

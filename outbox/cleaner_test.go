@@ -138,3 +138,26 @@ FROM seq_`+strconv.Itoa(lo)+`_to_`+strconv.Itoa(hi), tag, old, int64(week), n, o
 		b.ReportMetric(unpacedRate, "unpaced_rows/s")
 	}
 }
+
+func TestCleaner_DeletesOnlyFinishedTasksPastRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := time.Now().Add(-30 * 24 * time.Hour)
+	for i, st := range []string{"done", "cancelled", "pending", "published", "dead"} {
+		b.schedule(t, outbox.Task{Topic: "clean", Key: "old-" + st, DueAt: old})
+		b.schedule(t, outbox.Task{Topic: "clean", Key: "new-" + st, DueAt: time.Now()})
+		if _, err := b.db.Exec("UPDATE delay_task SET state = ? WHERE task_key IN (?, ?)", st, "old-"+st, "new-"+st); err != nil {
+			t.Fatal(err, i)
+		}
+	}
+	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Retention: 7 * 24 * time.Hour, BatchSize: 1, Logger: quiet()}).Once(b.ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("Once = %d, %v; want 2", n, err)
+	}
+	if left := b.count(t, "task_key IN ('old-done', 'old-cancelled')"); left != 0 {
+		t.Fatalf("%d old finished tasks left", left)
+	}
+	if left := b.count(t, "1=1"); left != 8 {
+		t.Fatalf("%d tasks left, want 8", left)
+	}
+}

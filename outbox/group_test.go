@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -183,12 +184,8 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
-	deadline := time.Now().Add(30 * time.Second)
-	for b.count(t, "state IN ('pending', 'published')") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tasks still open", b.count(t, "state IN ('pending', 'published')"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state IN ('pending', 'published')") == 0 }) {
+		t.Fatalf("%d tasks still open", b.count(t, "state IN ('pending', 'published')"))
 	}
 	if got := b.count(t, "state = 'done'"); got != n-2 {
 		t.Fatalf("%d tasks done, want %d (all but the cancelled and the poison)", got, n-2)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -256,12 +257,8 @@ func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
-	deadline := time.Now().Add(20 * time.Second)
-	for b.count(t, "state = 'done'") < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks done", b.count(t, "state = 'done'"), n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'done'") >= n }) {
+		t.Fatalf("only %d of %d tasks done", b.count(t, "state = 'done'"), n)
 	}
 	var cancelled int
 	if err := b.db.QueryRow("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND cancels = 1").Scan(&cancelled); err != nil || cancelled != n {
@@ -283,25 +280,38 @@ func TestDeadLetter_MarksTheTaskDead(t *testing.T) {
 	}
 }
 
-func TestCleaner_DeletesOnlyFinishedTasksPastRetention(t *testing.T) {
+// A late copy of an old message never kills the new task of its key.
+func TestDeadLetter_NamesTheTaskByIDAndChecksItAgainstTheRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	old := time.Now().Add(-30 * 24 * time.Hour)
-	for i, st := range []string{"done", "cancelled", "pending", "published", "dead"} {
-		b.schedule(t, outbox.Task{Topic: "clean", Key: "old-" + st, DueAt: old})
-		b.schedule(t, outbox.Task{Topic: "clean", Key: "new-" + st, DueAt: time.Now()})
-		if _, err := b.db.Exec("UPDATE delay_task SET state = ? WHERE task_key IN (?, ?)", st, "old-"+st, "new-"+st); err != nil {
-			t.Fatal(err, i)
+	old := b.order(t, "reused", time.Now())
+	if _, err := outbox.Handle(b.ctx, b.db, old, cancelOrder("reused")); err != nil {
+		t.Fatal(err)
+	}
+	// The cleaner deleted the done task, and the key was scheduled again.
+	if _, err := b.db.Exec("DELETE FROM delay_task WHERE id = ?", old.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	fresh := b.schedule(t, outbox.Task{Topic: "order-cancel", Key: "reused", DueAt: time.Now()})
+	dl := outbox.DeadLetter(b.db, nil)
+	if err := dl.Dead(b.ctx, &broker.Delivery{Message: old}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
+	}
+	// Reasons that are about the delivery, not the task, never mark a row,
+	// even one the message names exactly.
+	same := &broker.Message{TaskID: fresh, Topic: "order-cancel", Key: "reused", DeliverAt: time.Now()}
+	for _, reason := range []error{broker.ErrTooFar, broker.ErrWrongTopic, broker.ErrForged, &broker.EnvelopeError{Header: "x", Reason: "y"}} {
+		if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, reason); err != nil {
+			t.Fatal(err)
 		}
 	}
-	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Retention: 7 * 24 * time.Hour, BatchSize: 1, Logger: quiet()}).Once(b.ctx)
-	if err != nil || n != 2 {
-		t.Fatalf("Once = %d, %v; want 2", n, err)
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StatePending {
+		t.Fatalf("the new task is %s after dead letters meant for others, want pending", info.State)
 	}
-	if left := b.count(t, "task_key IN ('old-done', 'old-cancelled')"); left != 0 {
-		t.Fatalf("%d old finished tasks left", left)
+	if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
 	}
-	if left := b.count(t, "1=1"); left != 8 {
-		t.Fatalf("%d tasks left, want 8", left)
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StateDead {
+		t.Fatalf("the task is %s after its own handler gave up, want dead", info.State)
 	}
 }

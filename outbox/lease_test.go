@@ -2,13 +2,13 @@ package outbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -147,83 +147,6 @@ func TestNewRelay_RefusesALeaseShorterThanThePublishTimeout(t *testing.T) {
 	}
 }
 
-// A late copy of an old message never kills the new task of its key.
-func TestDeadLetter_NamesTheTaskByIDAndChecksItAgainstTheRow(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	old := b.order(t, "reused", time.Now())
-	if _, err := outbox.Handle(b.ctx, b.db, old, cancelOrder("reused")); err != nil {
-		t.Fatal(err)
-	}
-	// The cleaner deleted the done task, and the key was scheduled again.
-	if _, err := b.db.Exec("DELETE FROM delay_task WHERE id = ?", old.TaskID); err != nil {
-		t.Fatal(err)
-	}
-	fresh := b.schedule(t, outbox.Task{Topic: "order-cancel", Key: "reused", DueAt: time.Now()})
-	dl := outbox.DeadLetter(b.db, nil)
-	if err := dl.Dead(b.ctx, &broker.Delivery{Message: old}, errors.New("failed 10 attempts")); err != nil {
-		t.Fatal(err)
-	}
-	// Reasons that are about the delivery, not the task, never mark a row,
-	// even one the message names exactly.
-	same := &broker.Message{TaskID: fresh, Topic: "order-cancel", Key: "reused", DeliverAt: time.Now()}
-	for _, reason := range []error{broker.ErrTooFar, broker.ErrWrongTopic, broker.ErrForged, &broker.EnvelopeError{Header: "x", Reason: "y"}} {
-		if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, reason); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StatePending {
-		t.Fatalf("the new task is %s after dead letters meant for others, want pending", info.State)
-	}
-	if err := dl.Dead(b.ctx, &broker.Delivery{Message: same}, errors.New("failed 10 attempts")); err != nil {
-		t.Fatal(err)
-	}
-	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "reused"); info.State != outbox.StateDead {
-		t.Fatalf("the task is %s after its own handler gave up, want dead", info.State)
-	}
-}
-
-func TestSchedule_DueBefore2000UTCIsRefusedInAnyTimeZone(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	plusOne := time.FixedZone("+01:00", 3600)
-	due := time.Date(2000, 1, 1, 0, 30, 0, 0, plusOne) // 1999-12-31T23:30Z
-	_, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "bound", Key: "k", DueAt: due})
-	if !errors.Is(err, outbox.ErrInvalidDue) {
-		t.Fatalf("Schedule(%v) = %v, want ErrInvalidDue", due, err)
-	}
-	if b.count(t, "topic = 'bound'") != 0 {
-		t.Fatal("a refused task was written")
-	}
-	if err := (&broker.Message{Topic: "bound", Key: "k", DeliverAt: due}).Validate(); !errors.Is(err, broker.ErrInvalidMessage) {
-		t.Fatalf("Message.Validate(%v) = %v, want ErrInvalidMessage", due, err)
-	}
-}
-
-func TestReschedule_ResetsTheRescueBackoffAndAttempts(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.schedule(t, outbox.Task{Topic: "reset", Key: "k", DueAt: time.Now()})
-	if _, err := b.db.Exec("UPDATE delay_task SET state = 'published', rescues = 8, attempts = 5, lease_owner = 7 WHERE task_key = 'k'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Reschedule(b.ctx, b.db, "reset", "k", time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0 AND lease_owner = 0 AND next_attempt_ms = 0"); got != 1 {
-		t.Fatal("Reschedule kept the old rescue count, attempts or lease")
-	}
-	if _, err := b.db.Exec("UPDATE delay_task SET state = 'dead', rescues = 8, attempts = 5 WHERE task_key = 'k'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Replay(b.ctx, b.db, "reset", "k"); err != nil {
-		t.Fatal(err)
-	}
-	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0"); got != 1 {
-		t.Fatal("Replay kept the old rescue count or attempts")
-	}
-}
-
 // A row written by hand that no broker can carry goes dead with its reason
 // and does not hold up the valid rows claimed with it.
 func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
@@ -288,11 +211,9 @@ func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the loops made their first, empty claim and sleep for an hour
 		key := fmt.Sprintf("elsewhere-%v", probe > 0)
 		b.schedule(t, outbox.Task{Topic: "probe", Key: key, DueAt: time.Now()})
-		deadline := time.Now().Add(3 * time.Second)
-		for b.count(t, "task_key = ? AND state = 'published'", key) == 0 && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		published := b.count(t, "task_key = ? AND state = 'published'", key) == 1
+		published := testutil.Eventually(3*time.Second, 20*time.Millisecond, func() bool {
+			return b.count(t, "task_key = ? AND state = 'published'", key) == 1
+		})
 		cancel()
 		<-done
 		if published != (probe > 0) {

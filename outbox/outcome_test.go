@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -99,16 +100,13 @@ func TestConsumer_OutcomesTellAppliedSkippedRetriedAndDeadApart(t *testing.T) {
 			// applied, flaky's second attempt; done, cancelled, stale
 			// skipped; flaky's first retried; poison dead.
 			const want = "applied/ applied/ dead/ retried/ skipped/cancelled skipped/done skipped/stale"
-			deadline := time.Now().Add(15 * time.Second)
-			for {
-				got, handled := log.sorted()
-				if got == want && handled == 2 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("outcomes %q (Handled fired %d times); want %q and 2", got, handled, want)
-				}
-				time.Sleep(10 * time.Millisecond)
+			var got string
+			var handled int
+			if !testutil.Eventually(15*time.Second, 10*time.Millisecond, func() bool {
+				got, handled = log.sorted()
+				return got == want && handled == 2
+			}) {
+				t.Fatalf("outcomes %q (Handled fired %d times); want %q and 2", got, handled, want)
 			}
 			info, err := outbox.Get(b.ctx, b.db, "order-cancel", "poison")
 			if err != nil || info.State != outbox.StateDead {

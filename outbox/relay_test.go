@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -97,10 +98,8 @@ func TestRelay_TwoRelaysRacingPublishEachRowOnce(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = r.Run(ctx) }()
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for b.count(t, "state = 'pending'") > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	// The checks below say what is missing after 30s.
+	testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'pending'") == 0 })
 	cancel()
 	wg.Wait()
 	if got := b.count(t, "state = 'published'"); got != n {
@@ -272,12 +271,8 @@ func TestRelay_NudgeWakesAnIdleRelay(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the first empty claim puts it to sleep for an hour
 	b.schedule(t, outbox.Task{Topic: "nudge", Key: "k", DueAt: time.Now()})
 	r.Nudge()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.count(t, "state = 'published'") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the nudged relay did not publish")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, 10*time.Millisecond, func() bool { return b.count(t, "state = 'published'") > 0 }) {
+		t.Fatal("the nudged relay did not publish")
 	}
 	cancel()
 	<-done

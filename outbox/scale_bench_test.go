@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -44,16 +45,14 @@ func BenchmarkScale(b *testing.B) {
 		// Measure the steady state, not the server writing the load out:
 		// wait (at most 3 minutes) until the buffer pool's dirty pages
 		// are flushed.
-		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		testutil.Eventually(3*time.Minute, 2*time.Second, func() bool {
 			var name string
 			var dirty int
 			if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'").Scan(&name, &dirty); err != nil {
 				b.Fatal(err)
 			}
-			if dirty < 1000 {
-				break
-			}
-		}
+			return dirty < 1000
+		})
 		b.Logf("settled after %v", time.Since(start).Round(time.Second))
 	}
 	for b.Loop() {

@@ -353,3 +353,44 @@ func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalid(t *t
 		t.Fatalf("a batch with a key already scheduled = %v; want ErrDuplicate", err)
 	}
 }
+
+func TestSchedule_DueBefore2000UTCIsRefusedInAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	plusOne := time.FixedZone("+01:00", 3600)
+	due := time.Date(2000, 1, 1, 0, 30, 0, 0, plusOne) // 1999-12-31T23:30Z
+	_, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "bound", Key: "k", DueAt: due})
+	if !errors.Is(err, outbox.ErrInvalidDue) {
+		t.Fatalf("Schedule(%v) = %v, want ErrInvalidDue", due, err)
+	}
+	if b.count(t, "topic = 'bound'") != 0 {
+		t.Fatal("a refused task was written")
+	}
+	if err := (&broker.Message{Topic: "bound", Key: "k", DeliverAt: due}).Validate(); !errors.Is(err, broker.ErrInvalidMessage) {
+		t.Fatalf("Message.Validate(%v) = %v, want ErrInvalidMessage", due, err)
+	}
+}
+
+func TestReschedule_ResetsTheRescueBackoffAndAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "reset", Key: "k", DueAt: time.Now()})
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'published', rescues = 8, attempts = 5, lease_owner = 7 WHERE task_key = 'k'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "reset", "k", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0 AND lease_owner = 0 AND next_attempt_ms = 0"); got != 1 {
+		t.Fatal("Reschedule kept the old rescue count, attempts or lease")
+	}
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'dead', rescues = 8, attempts = 5 WHERE task_key = 'k'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Replay(b.ctx, b.db, "reset", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.count(t, "task_key = 'k' AND rescues = 0 AND attempts = 0"); got != 1 {
+		t.Fatal("Replay kept the old rescue count or attempts")
+	}
+}

@@ -3,15 +3,17 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -41,21 +43,33 @@ func traffic(t *testing.T, b *bundle) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
 	n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx)
-	require.NoError(t, err)
-	require.Equal(t, 10, n, "relayed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 10 {
+		t.Fatalf("relayed: got %v, want %v", n, 10)
+	}
 	for _, m := range orders[:3] {
 		o, err := outbox.Handle(b.ctx, b.db, m, cancelOrder(m.Key))
-		require.NoError(t, err)
-		require.Equal(t, outbox.Handled, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o != outbox.Handled {
+			t.Fatalf("got %v, want %v", o, outbox.Handled)
+		}
 	}
-	require.NoError(t, outbox.Cancel(b.ctx, b.db, "mail", "m0"))
+	if err := outbox.Cancel(b.ctx, b.db, "mail", "m0"); err != nil {
+		t.Fatal(err)
+	}
 	b.schedule(t, outbox.Task{Topic: "mail", Key: "m4", DueAt: time.Now().Add(time.Hour)})
 	for _, q := range []string{
 		"UPDATE delay_task SET state = 'dead' WHERE task_key = 'o3'",
 		"UPDATE delay_task SET published_ms = published_ms - 3600000, next_attempt_ms = 0 WHERE task_key = 'o4'",
 	} {
 		_, err := b.db.ExecContext(b.ctx, q)
-		require.NoError(t, err, q)
+		if err != nil {
+			t.Fatalf("%v: %v", q, err)
+		}
 	}
 }
 
@@ -65,12 +79,18 @@ func TestRefreshStats_SummaryEqualsALiveCountAfterTraffic(t *testing.T) {
 	traffic(t, b)
 	const grace = 30 * time.Second
 
-	require.NoError(t, outbox.RefreshStats(b.ctx, b.db, grace))
+	if err := outbox.RefreshStats(b.ctx, b.db, grace); err != nil {
+		t.Fatal(err)
+	}
 	now := time.Now()
 	summary, err := outbox.ReadStats(b.ctx, b.db, now, grace, time.Hour)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	live, err := outbox.CountStats(b.ctx, b.db, now, grace, time.Hour)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	want := counts{
 		Backlog: map[outbox.State]map[string]int{
@@ -80,13 +100,27 @@ func TestRefreshStats_SummaryEqualsALiveCountAfterTraffic(t *testing.T) {
 		},
 		Done: 3, Cancelled: 1, Dead: 1, Overdue: 1,
 	}
-	require.Equal(t, want, countsOf(live), "live count")
-	require.Equal(t, want, countsOf(summary), "summary")
-	require.False(t, summary.Live)
-	require.True(t, live.Live)
-	require.Equal(t, live.OldestPendingDue, summary.OldestPendingDue)
-	require.Equal(t, live.Lateness, summary.Lateness)
-	require.Equal(t, 3, summary.Lateness.Count)
+	if got := countsOf(live); !reflect.DeepEqual(got, want) {
+		t.Fatalf("live count: got %v, want %v", got, want)
+	}
+	if got := countsOf(summary); !reflect.DeepEqual(got, want) {
+		t.Fatalf("summary: got %v, want %v", got, want)
+	}
+	if summary.Live {
+		t.Fatal("the summary says it is a live count")
+	}
+	if !live.Live {
+		t.Fatal("the live count says it is a summary")
+	}
+	if got, want := summary.OldestPendingDue, live.OldestPendingDue; !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, want := summary.Lateness, live.Lateness; !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got := summary.Lateness.Count; got != 3 {
+		t.Fatalf("got %v, want %v", got, 3)
+	}
 }
 
 // The summary is what the last refresh counted, not what is there now, and
@@ -95,17 +129,28 @@ func TestReadStats_StaleSummaryReportsItsAge(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.schedule(t, outbox.Task{Topic: "t", Key: "before", DueAt: time.Now().Add(time.Hour)})
-	require.NoError(t, outbox.RefreshStats(b.ctx, b.db, time.Second))
+	if err := outbox.RefreshStats(b.ctx, b.db, time.Second); err != nil {
+		t.Fatal(err)
+	}
 	_, err := b.db.ExecContext(b.ctx, "UPDATE delay_task_stats_run SET computed_ms = computed_ms - 3600000")
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.schedule(t, outbox.Task{Topic: "t", Key: "after", DueAt: time.Now().Add(time.Hour)})
 
 	st, err := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Second, 0)
-	require.NoError(t, err)
-	require.Equal(t, 1, st.Backlog[outbox.StatePending]["t"], "the summary counts what the refresh saw")
-	require.GreaterOrEqual(t, st.CountsAge, time.Hour)
-	require.Less(t, st.CountsAge, time.Hour+time.Minute)
-	require.WithinDuration(t, time.Now().Add(-time.Hour), st.CountsAt, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Backlog[outbox.StatePending]["t"]; got != 1 {
+		t.Fatalf("the summary counts what the refresh saw: got %v, want %v", got, 1)
+	}
+	if st.CountsAge < time.Hour || st.CountsAge >= time.Hour+time.Minute {
+		t.Fatalf("CountsAge %v, want an hour and less than a minute", st.CountsAge)
+	}
+	if d := time.Since(st.CountsAt) - time.Hour; d < -time.Minute || d > time.Minute {
+		t.Fatalf("CountsAt %v, want within a minute of an hour ago", st.CountsAt)
+	}
 }
 
 // Before any refresh ReadStats has no counts to give, and says so with a
@@ -116,10 +161,18 @@ func TestReadStats_WithoutSummaryHasNoCounts(t *testing.T) {
 	due := time.Now().Add(time.Hour).Truncate(time.Millisecond)
 	b.schedule(t, outbox.Task{Topic: "t", Key: "k", DueAt: due})
 	st, err := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Second, time.Minute)
-	require.NoError(t, err)
-	require.True(t, st.CountsAt.IsZero())
-	require.Empty(t, st.Backlog)
-	require.True(t, st.OldestPendingDue.Equal(due), "live figures are still read: %v", st.OldestPendingDue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.CountsAt.IsZero() {
+		t.Fatalf("CountsAt %v, want zero: no refresh ran", st.CountsAt)
+	}
+	if len(st.Backlog) != 0 {
+		t.Fatalf("Backlog %v, want none", st.Backlog)
+	}
+	if !st.OldestPendingDue.Equal(due) {
+		t.Fatalf("live figures are still read: %v", st.OldestPendingDue)
+	}
 }
 
 // lockName is the lock StatsRefresher documents: delaybridge_stats_ and
@@ -127,7 +180,9 @@ func TestReadStats_WithoutSummaryHasNoCounts(t *testing.T) {
 func lockName(t *testing.T, db *sql.DB) string {
 	t.Helper()
 	var name string
-	require.NoError(t, db.QueryRow("SELECT CONCAT('delaybridge_stats_', MD5(DATABASE()))").Scan(&name))
+	if err := db.QueryRow("SELECT CONCAT('delaybridge_stats_', MD5(DATABASE()))").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
 	return name
 }
 
@@ -135,24 +190,44 @@ func TestStatsRefresher_SkipsWhileAnotherHoldsTheLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	holder, err := b.db.Conn(b.ctx)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer holder.Close()
 	var got int
-	require.NoError(t, holder.QueryRowContext(b.ctx, "SELECT GET_LOCK(?, 0)", lockName(t, b.db)).Scan(&got))
-	require.Equal(t, 1, got)
+	if err := holder.QueryRowContext(b.ctx, "SELECT GET_LOCK(?, 0)", lockName(t, b.db)).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != 1 {
+		t.Fatalf("got %v, want %v", got, 1)
+	}
 
 	r := outbox.NewStatsRefresher(b.db, outbox.StatsRefresherConfig{Logger: quiet()})
 	ran, err := r.Once(b.ctx)
-	require.NoError(t, err)
-	require.False(t, ran, "refreshed while another process held the lock")
-	require.Zero(t, b.countRows(t, "delay_task_stats_run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ran {
+		t.Fatalf("refreshed while another process held the lock")
+	}
+	if n := b.countRows(t, "delay_task_stats_run"); n != 0 {
+		t.Fatalf("%d rows in delay_task_stats_run, want 0", n)
+	}
 
 	_, err = holder.ExecContext(b.ctx, "SELECT RELEASE_LOCK(?)", lockName(t, b.db))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ran, err = r.Once(b.ctx)
-	require.NoError(t, err)
-	require.True(t, ran, "did not refresh once the lock was free")
-	require.Equal(t, 1, b.countRows(t, "delay_task_stats_run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ran {
+		t.Fatalf("did not refresh once the lock was free")
+	}
+	if got := b.countRows(t, "delay_task_stats_run"); got != 1 {
+		t.Fatalf("got %v, want %v", got, 1)
+	}
 }
 
 // Two daemons' refreshers, started together and again and again, count
@@ -172,7 +247,9 @@ func TestStatsRefresher_TwoRefreshersCountOncePerInterval(t *testing.T) {
 			wg.Go(func() {
 				var err error
 				ran[i], err = r.Once(b.ctx)
-				require.NoError(t, err)
+				if err != nil {
+					t.Fatal(err)
+				}
 			})
 		}
 		wg.Wait()
@@ -184,20 +261,30 @@ func TestStatsRefresher_TwoRefreshersCountOncePerInterval(t *testing.T) {
 		}
 		return n
 	}
-	require.Equal(t, 1, round(), "first round")
-	require.Equal(t, 0, round(), "a round within the interval")
+	if got := round(); got != 1 {
+		t.Fatalf("first round: got %v, want %v", got, 1)
+	}
+	if got := round(); got != 0 {
+		t.Fatalf("a round within the interval: got %v, want %v", got, 0)
+	}
 	mu.Lock()
 	now = now.Add(2 * time.Minute)
 	mu.Unlock()
-	require.Equal(t, 1, round(), "a round after the interval")
+	if got := round(); got != 1 {
+		t.Fatalf("a round after the interval: got %v, want %v", got, 1)
+	}
 
 	// A count that took long spaces the next by ten times its duration.
 	_, err := b.db.ExecContext(b.ctx, "UPDATE delay_task_stats_run SET took_ms = 60000")
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mu.Lock()
 	now = now.Add(5 * time.Minute)
 	mu.Unlock()
-	require.Equal(t, 0, round(), "5 minutes after a count that took 1 minute")
+	if got := round(); got != 0 {
+		t.Fatalf("5 minutes after a count that took 1 minute: got %v, want %v", got, 0)
+	}
 }
 
 // Run stops when its context ends, and has refreshed meanwhile.
@@ -209,11 +296,15 @@ func TestStatsRefresher_RunRefreshesAndStops(t *testing.T) {
 	go func() {
 		done <- outbox.NewStatsRefresher(b.db, outbox.StatsRefresherConfig{Interval: 10 * time.Millisecond, Logger: quiet()}).Run(ctx)
 	}()
-	require.Eventually(t, func() bool { return b.countRows(t, "delay_task_stats_run") == 1 }, 10*time.Second, 10*time.Millisecond)
+	if !testutil.Eventually(10*time.Second, 10*time.Millisecond, func() bool { return b.countRows(t, "delay_task_stats_run") == 1 }) {
+		t.Fatal("no count recorded in delay_task_stats_run within 10s")
+	}
 	cancel()
 	select {
 	case err := <-done:
-		require.NoError(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
@@ -222,7 +313,9 @@ func TestStatsRefresher_RunRefreshesAndStops(t *testing.T) {
 func (b *bundle) countRows(t *testing.T, table string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n))
+	if err := b.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
 	return n
 }
 
@@ -230,8 +323,11 @@ func TestReadStats_OnADatabaseBeforeMigration4SaysToMigrate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, err := b.db.Exec("DROP TABLE delay_task_stats_run")
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, err = outbox.ReadStats(b.ctx, b.db, time.Now(), time.Second, time.Minute)
-	require.ErrorIs(t, err, outbox.ErrNotMigrated)
-	require.Contains(t, err.Error(), "delaybridge migrate")
+	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "delaybridge migrate") {
+		t.Fatalf("err = %v, want ErrNotMigrated naming delaybridge migrate", err)
+	}
 }

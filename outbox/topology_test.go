@@ -10,6 +10,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -63,12 +64,10 @@ func TestAnnounce_RelayWarnsOfAConsumerThatStartsLaterWithAnotherOne(t *testing.
 		outbox.PresenceConfig{Heartbeat: 20 * time.Millisecond, Expiry: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	announce(t, b, outbox.Presence{Instance: "shop-1", Role: outbox.RoleConsumer, Topology: rabbitTopology("shop"), Topics: []string{"order-cancel"}},
 		outbox.PresenceConfig{WarnOnly: true})
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(logs.String(), `prefix: \"delaybridge\" here, \"shop\" there`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the relay logged no difference naming both prefixes: %q", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(5*time.Second, 10*time.Millisecond, func() bool {
+		return strings.Contains(logs.String(), `prefix: \"delaybridge\" here, \"shop\" there`)
+	}) {
+		t.Fatalf("the relay logged no difference naming both prefixes: %q", logs.String())
 	}
 	time.Sleep(100 * time.Millisecond) // several more heartbeats
 	if n := strings.Count(logs.String(), "topology differs"); n != 1 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 // benchSetup is setup for benchmarks: the default ladder (100ms × 26
@@ -81,7 +82,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 				inflight--
 			}
 			err := ch.PublishWithContext(context.Background(), "", q, true, false, amqp.Publishing{
-				Headers: envelopeTable(m, 0, false), ContentType: "application/octet-stream",
+				Headers: envelopeTable(m, 0), ContentType: "application/octet-stream",
 				DeliveryMode: amqp.Persistent, Body: m.Payload, MessageId: m.Key, Timestamp: time.Now(),
 			})
 			if err != nil {
@@ -303,8 +304,8 @@ func BenchmarkHop(b *testing.B) {
 		}
 		b.ReportMetric(float64(n)/time.Since(pubStart).Seconds(), "publish-msg/s")
 		var first time.Time
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
+		var hopped int
+		if !testutil.Eventually(5*time.Minute, 5*time.Millisecond, func() bool {
 			q, err := ch.QueueDeclarePassive(bb.topicQueue(topic), true, false, false, false, quorum(nil))
 			if err != nil {
 				b.Fatal(err)
@@ -312,13 +313,10 @@ func BenchmarkHop(b *testing.B) {
 			if q.Messages > 0 && first.IsZero() {
 				first = time.Now()
 			}
-			if q.Messages >= n {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("only %d of %d hopped", q.Messages, n)
-			}
-			time.Sleep(5 * time.Millisecond)
+			hopped = q.Messages
+			return hopped >= n
+		}) {
+			b.Fatalf("only %d of %d hopped", hopped, n)
 		}
 		if time.Since(pubStart) < 5*time.Second {
 			b.Fatal("the messages left level 0 before its 5s TTL: they did not go through the ladder")

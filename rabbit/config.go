@@ -107,9 +107,8 @@ const (
 	// than the lead skips the ladder: with the relay's default lookahead,
 	// which equals it, the relay's messages go straight to their topic's
 	// queue and never pay a dead-letter hop. Hops are what RabbitMQ does
-	// worst: on the 2-core test box 5,000 tasks due a second through a
-	// 5 s lookahead with a 1 s lead (a few hops each) ran 7 to 16 s late
-	// with a no-op handler, against 14 ms at p99 with no hops.
+	// worst: at thousands of tasks due a second, a few hops each leave
+	// them seconds late where no hops keep them on time (BENCHMARKS.md).
 	DefaultLead = 5 * time.Second
 	// DefaultMaxLength is the x-max-length guard on each ladder queue.
 	DefaultMaxLength = 5_000_000
@@ -225,12 +224,6 @@ type Config struct {
 	// messages the runtime holds count against it, so it should exceed the
 	// due rate × (Unit + Lead). Default DefaultPrefetch.
 	Prefetch int
-	// SplitEnvelope publishes the envelope as one AMQP header per field,
-	// the form before delaybridge-env, which every version reads. Set it on
-	// every process while a deployment still runs a version older than the
-	// packed form (consumers publish too: hops, retries, dead letters), and
-	// drop it once none does.
-	SplitEnvelope bool
 	// ConnectionName is sent as the connection_name client property,
 	// followed by the role (" publisher", " subscriber <topic>"). Default
 	// DefaultConnectionName.

@@ -1,6 +1,7 @@
 package rabbit
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -25,17 +26,37 @@ func (b *bundle) harness(f brokertest.Features) brokertest.Harness {
 			return b.clients(t, topic)
 		},
 		PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) error {
-			h := amqp.Table{}
+			values := make(map[string]any, len(headers))
 			for k, v := range headers {
-				h[k] = v
+				values[k] = v
 			}
-			return b.publishRaw(t, topic, h, body)
+			return b.publishRaw(t, topic, wireTable(values), body)
 		},
 		PublishRawValues: func(t *testing.T, topic string, headers map[string]any, body []byte) error {
-			return b.publishRaw(t, topic, table(headers), body)
+			return b.publishRaw(t, topic, wireTable(headers), body)
 		},
 		Features: f,
 	}
+}
+
+// wireTable is the AMQP table a foreign producer following
+// docs/envelope.md publishes for these headers: the envelope's string
+// fields packed into delaybridge-env; everything else, and an envelope
+// field of another type (which the packed string cannot carry), as its own
+// header.
+func wireTable(headers map[string]any) amqp.Table {
+	env := map[string]string{}
+	t := table(headers)
+	for k, v := range headers {
+		if s, ok := v.(string); ok && strings.HasPrefix(k, broker.HeaderPrefix) {
+			env[k] = s
+			delete(t, k)
+		}
+	}
+	if len(env) > 0 {
+		t[envHeader] = packEnvelope(env)
+	}
+	return t
 }
 
 // table turns the header values brokertest sends into AMQP field values:

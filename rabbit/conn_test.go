@@ -50,30 +50,3 @@ func TestPurgeTopic_EmptiesOnlyTheTopicQueue(t *testing.T) {
 		t.Fatalf("%d messages on the ladder after the purge, want the 1 due later", onLadder)
 	}
 }
-
-// With SplitEnvelope the wire carries one header per envelope field, the
-// form versions before delaybridge-env read, and no packed header.
-func TestSplitEnvelope_PublishesOneHeaderPerField(t *testing.T) {
-	b := setup(t)
-	b.cfg.SplitEnvelope = true
-	const topic = "split"
-	pub, _ := b.clients(t, topic)
-	m := &broker.Message{Topic: topic, Key: "o-1", DeliverAt: broker.MillisUTC(time.Now()), TaskID: 7}
-	if err := pub.Publish(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	d, ok := getWithin(t, b.channel(t), topology{cfg: b.cfg}.topicQueue(topic), 10*time.Second)
-	if !ok {
-		t.Fatal("no message in the topic queue")
-	}
-	if _, packed := d.Headers[envHeader]; packed || d.Headers[broker.HeaderKey] != "o-1" || d.Headers[broker.HeaderTaskID] != "7" {
-		t.Fatalf("headers %v, want one per field and no %s", d.Headers, envHeader)
-	}
-	h, err := fromTable(d.Headers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := broker.Decode(h, d.Body); err != nil || got.Key != "o-1" || got.TaskID != 7 {
-		t.Fatalf("Decode = %+v, %v", got, err)
-	}
-}

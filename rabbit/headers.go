@@ -26,29 +26,17 @@ func isDeathHeader(k string) bool {
 //	delaybridge-env: attempt=0&deliver-at=1764500000000&gen=0&hop=0&key=o-42&task=17&topic=order-cancel&v=1
 //
 // RabbitMQ decodes every header of every publish, writes them to the
-// quorum queue's log and decodes them again at each ladder hop: one header
-// instead of eight or more takes it 6-13 µs less per message on the test
-// box (BENCHMARKS.md). Readers also take the older form, one AMQP header per
-// envelope field, so messages published by an older version still decode;
-// a process older than this form finds no envelope in a packed message and
-// dead-letters it, so while any runs, every newer one sets
-// Config.SplitEnvelope.
+// quorum queue's log and decodes them again at each ladder hop, so one
+// header instead of eight or more costs it less per message. It is the
+// only form delaybridge writes or reads: an envelope field sent as its own
+// AMQP header is malformed.
 const envHeader = "delaybridge-env"
 
 // envelopeTable is the AMQP header table of m: its envelope packed into
-// envHeader, or with split one header per field, with room for extra more
-// entries (the ladder's marks, CC).
-func envelopeTable(m *broker.Message, extra int, split bool) amqp.Table {
-	h := broker.Encode(m)
-	if split {
-		t := make(amqp.Table, len(h)+extra)
-		for k, v := range h {
-			t[k] = v
-		}
-		return t
-	}
+// envHeader, with room for extra more entries (the ladder's marks, CC).
+func envelopeTable(m *broker.Message, extra int) amqp.Table {
 	t := make(amqp.Table, 1+extra)
-	t[envHeader] = packEnvelope(h)
+	t[envHeader] = packEnvelope(broker.Encode(m))
 	return t
 }
 
@@ -63,8 +51,8 @@ func packEnvelope(h map[string]string) string {
 }
 
 // unpackEnvelope adds the fields of envHeader's value v to h under their
-// full header names. A field given twice, or also carried as its own
-// header, is an *broker.EnvelopeError: which one counts would be a guess.
+// full header names. A field given twice is an *broker.EnvelopeError: which
+// one counts would be a guess.
 func unpackEnvelope(v any, h map[string]string) error {
 	var s string
 	switch v := v.(type) {
@@ -83,41 +71,36 @@ func unpackEnvelope(v any, h map[string]string) error {
 		return &broker.EnvelopeError{Header: envHeader, Reason: "no envelope version field"}
 	}
 	for k, vs := range q {
-		name := broker.HeaderPrefix + k
-		if _, dup := h[name]; dup || len(vs) != 1 {
+		if len(vs) != 1 {
 			return &broker.EnvelopeError{Header: envHeader, Reason: fmt.Sprintf("field %.64q given more than once", k)}
 		}
-		h[name] = vs[0]
+		h[broker.HeaderPrefix+k] = vs[0]
 	}
 	return nil
 }
 
 // fromTable turns the headers of a delivery into strings, unpacking
-// envHeader (a string or bytes). Separate envelope headers must be strings;
-// one that is not makes an *broker.EnvelopeError. Other
-// scalar headers are formatted; tables and arrays (x-death and the like),
-// the dead-letter headers and the ladder's bit headers are left out.
+// envHeader (a string or bytes) into the envelope's fields. Any other
+// header named like an envelope field (delaybridge-...) makes an
+// *broker.EnvelopeError naming it: the envelope travels only in envHeader.
+// Other scalar headers are formatted; tables and arrays (x-death and the
+// like), the dead-letter headers and the ladder's bit headers are left out.
 func fromTable(t amqp.Table) (map[string]string, error) {
 	h := make(map[string]string, len(t)+8)
 	var bad error
 	for k, v := range t {
-		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") {
-			continue
-		}
-		if k == envHeader {
-			continue // unpacked below, once the separate headers are in h
-		}
-		if s, ok := v.(string); ok {
-			h[k] = s
+		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") || k == envHeader {
 			continue
 		}
 		if strings.HasPrefix(k, broker.HeaderPrefix) {
 			if bad == nil {
-				bad = &broker.EnvelopeError{Header: k, Reason: fmt.Sprintf("value of AMQP type %T, want a string", v)}
+				bad = &broker.EnvelopeError{Header: k, Reason: "an envelope field sent as its own AMQP header; the envelope travels only in " + envHeader}
 			}
 			continue
 		}
 		switch v := v.(type) {
+		case string:
+			h[k] = v
 		case []byte:
 			if utf8.Valid(v) {
 				h[k] = string(v)

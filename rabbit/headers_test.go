@@ -46,6 +46,7 @@ func fieldValue(kind uint8, s string, n int64, f float64, bs []byte) any {
 func FuzzFromTable(f *testing.F) {
 	f.Add(broker.HeaderDeliverAt, uint8(1), "", int64(1_700_000_000_000), 0.0, []byte(nil))
 	f.Add(broker.HeaderKey, uint8(5), "", int64(0), 0.0, []byte("o\xff1"))
+	f.Add(broker.HeaderKey, uint8(0), "other", int64(0), 0.0, []byte(nil))
 	f.Add("x-death", uint8(7), "q", int64(1), 0.0, []byte(nil))
 	f.Add(broker.HeaderFreePrefix+"t", uint8(0), "\x01", int64(0), 0.0, []byte(nil))
 	f.Add("x-n", uint8(9), "", int64(3), 1.5, []byte{0})
@@ -54,7 +55,7 @@ func FuzzFromTable(f *testing.F) {
 	f.Add(envHeader, uint8(5), "", int64(0), 0.0, []byte("v=1&topic=t&key=k%00&deliver-at=1"))
 	f.Fuzz(func(t *testing.T, name string, kind uint8, s string, n int64, fl float64, bs []byte) {
 		msg := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC()}
-		tab := envelopeTable(msg, 0, false)
+		tab := envelopeTable(msg, 0)
 		v := fieldValue(kind, s, n, fl, bs)
 		tab[name] = v
 		h, err := fromTable(tab)
@@ -64,6 +65,9 @@ func FuzzFromTable(f *testing.F) {
 				t.Fatalf("fromTable refused %q = %#v with %v", name, v, err)
 			}
 			return
+		}
+		if strings.HasPrefix(name, broker.HeaderPrefix) && name != envHeader {
+			t.Fatalf("fromTable took the envelope field %q = %#v as its own header", name, v)
 		}
 		for k := range h {
 			if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") {
@@ -87,7 +91,7 @@ func TestEnvelope_PackedRoundTrip(t *testing.T) {
 	m := &broker.Message{Topic: "order-cancel", Key: "o 42&x=%+ü", DeliverAt: time.UnixMilli(1_764_500_000_123).UTC(),
 		Hop: 2, Attempt: 3, Generation: 4, TaskID: 17, Trace: "00-abc-def-01", Payload: []byte("p"),
 		Headers: map[string]string{"a=b": "c&d", "tenant": "🙂", "empty": ""}}
-	tab := envelopeTable(m, 0, false)
+	tab := envelopeTable(m, 0)
 	s, ok := tab[envHeader].(string)
 	if !ok || !strings.Contains(s, "topic=order-cancel") || !strings.Contains(s, "task=17") {
 		t.Fatalf("%s = %#v, want a readable query", envHeader, tab[envHeader])
@@ -109,40 +113,72 @@ func TestEnvelope_PackedRoundTrip(t *testing.T) {
 	}
 }
 
-// Messages published before the envelope was packed, or with SplitEnvelope,
-// one AMQP header per field, still decode: they can sit in the ladder for
-// weeks.
-func TestEnvelope_OneHeaderPerFieldStillDecodes(t *testing.T) {
+// The envelope travels only in delaybridge-env: fields sent one AMQP
+// header each, alone or next to a packed envelope, make an EnvelopeError
+// naming the stray header, never a message.
+func TestEnvelope_FieldAsItsOwnHeaderIsEnvelopeError(t *testing.T) {
 	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(), TaskID: 9}
-	tab := envelopeTable(m, 0, true)
-	if _, packed := tab[envHeader]; packed || tab[broker.HeaderVersion] != broker.EnvelopeVersion || tab[broker.HeaderTaskID] != "9" {
-		t.Fatalf("split table %v, want one header per field", tab)
+	split := amqp.Table{}
+	for k, v := range broker.Encode(m) {
+		split[k] = v
 	}
-	h, err := fromTable(tab)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := broker.Decode(h, nil); err != nil || got.TaskID != 9 || got.Key != "k" {
-		t.Fatalf("Decode = %+v, %v", got, err)
+	for name, tab := range map[string]amqp.Table{
+		"one header per field": split,
+		"next to the packed":   {envHeader: envelopeTable(m, 0)[envHeader], broker.HeaderKey: "other"},
+		"free header":          {envHeader: envelopeTable(m, 0)[envHeader], broker.HeaderFreePrefix + "tenant": "eu"},
+	} {
+		h, err := fromTable(tab)
+		var ee *broker.EnvelopeError
+		if !errors.As(err, &ee) || !strings.HasPrefix(ee.Header, broker.HeaderPrefix) || ee.Header == envHeader || tab[ee.Header] == nil {
+			t.Errorf("%s: fromTable = %v, %v; want an EnvelopeError naming a stray header", name, h, err)
+		}
 	}
 }
 
 func TestEnvelope_MalformedPackedIsEnvelopeError(t *testing.T) {
-	good := envelopeTable(&broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1).UTC()}, 0, false)[envHeader].(string)
+	good := envelopeTable(&broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1).UTC()}, 0)[envHeader].(string)
 	for name, tab := range map[string]amqp.Table{
-		"not a string":        {envHeader: int64(3)},
-		"void":                {envHeader: nil},
-		"empty":               {envHeader: ""},
-		"no version":          {envHeader: "topic=t&key=k&deliver-at=1"},
-		"bad escape":          {envHeader: "v=1&key=%zz"},
-		"semicolon":           {envHeader: "v=1;key=k"},
-		"field twice":         {envHeader: good + "&key=other"},
-		"also its own header": {envHeader: good, broker.HeaderKey: "other"},
+		"not a string": {envHeader: int64(3)},
+		"void":         {envHeader: nil},
+		"empty":        {envHeader: ""},
+		"no version":   {envHeader: "topic=t&key=k&deliver-at=1"},
+		"bad escape":   {envHeader: "v=1&key=%zz"},
+		"semicolon":    {envHeader: "v=1;key=k"},
+		"field twice":  {envHeader: good + "&key=other"},
 	} {
 		_, err := fromTable(tab)
 		var ee *broker.EnvelopeError
 		if !errors.As(err, &ee) || ee.Header != envHeader || !errors.Is(err, broker.ErrMalformedEnvelope) {
 			t.Errorf("%s: err = %v, want an EnvelopeError on %s", name, err, envHeader)
 		}
+	}
+}
+
+func TestEnvelopeTable_PublishesNoDeathHeaders(t *testing.T) {
+	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(),
+		Headers: map[string]string{"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired"}}
+	tab := envelopeTable(m, 0)
+	if len(tab) != 1 || tab[envHeader] == nil {
+		t.Fatalf("envelopeTable = %v, want only %s", tab, envHeader)
+	}
+	h, err := fromTable(tab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := broker.Decode(h, nil)
+	if err != nil || got.Headers["x-death"] != "x" || len(got.Headers) != 3 {
+		t.Fatalf("Decode = %+v, %v; want the three free headers back", got, err)
+	}
+}
+
+func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
+	_, err := fromTable(amqp.Table{broker.HeaderKey: int64(4), "x-death": []any{amqp.Table{"count": int64(1)}}})
+	var ee *broker.EnvelopeError
+	if !errors.As(err, &ee) || ee.Header != broker.HeaderKey {
+		t.Fatalf("err = %v, want an EnvelopeError on %s", err, broker.HeaderKey)
+	}
+	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q", "dlbl-0": "1"})
+	if err != nil || h["n"] != "3" || len(h) != 1 {
+		t.Errorf("fromTable = %v, %v", h, err)
 	}
 }

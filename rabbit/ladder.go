@@ -41,9 +41,9 @@ import (
 // Why headers and not a routing key spelling the bits matched by "*.*.1.#"
 // topic patterns: matching a key of Depth words costs RabbitMQ a trie walk
 // per exchange, on the publishing channel and in each queue's single
-// dead-letter worker. Measured on the test box, it halved the confirmed
-// publish rate and left a three-hop chain unable to keep up with 1,000
-// messages/s; a headers exchange with one binding compares a few headers.
+// dead-letter worker. Under load it cut the confirmed publish rate sharply
+// and left a chain of hops behind; a headers exchange with one binding
+// compares a few headers.
 
 // topology names and declares the exchanges and queues of one prefix.
 type topology struct {

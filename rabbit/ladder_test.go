@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 func TestLadder_RouteSpellsWholeUnitsRoundedDown(t *testing.T) {
@@ -89,52 +90,19 @@ func TestConfig_DefaultLadderStaysUnderTheTTLLimit(t *testing.T) {
 	}
 }
 
-func TestEnvelopeTable_PublishesNoDeathHeaders(t *testing.T) {
-	m := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.UnixMilli(1_700_000_000_000).UTC(),
-		Headers: map[string]string{"x-death": "x", "x-first-death-queue": "q", "x-last-death-reason": "expired"}}
-	tab := envelopeTable(m, 0, false)
-	if len(tab) != 1 || tab[envHeader] == nil {
-		t.Fatalf("envelopeTable = %v, want only %s", tab, envHeader)
-	}
-	h, err := fromTable(tab)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := broker.Decode(h, nil)
-	if err != nil || got.Headers["x-death"] != "x" || len(got.Headers) != 3 {
-		t.Fatalf("Decode = %+v, %v; want the three free headers back", got, err)
-	}
-}
-
-func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
-	_, err := fromTable(amqp.Table{broker.HeaderKey: int64(4), "x-death": []any{amqp.Table{"count": int64(1)}}})
-	var ee *broker.EnvelopeError
-	if !errors.As(err, &ee) || ee.Header != broker.HeaderKey {
-		t.Fatalf("err = %v, want an EnvelopeError on %s", err, broker.HeaderKey)
-	}
-	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q", "dlbl-0": "1"})
-	if err != nil || h["n"] != "3" || len(h) != 1 {
-		t.Errorf("fromTable = %v, %v", h, err)
-	}
-}
-
 // getWithin polls queue with basic.get until a message comes or the wait ends.
 func getWithin(t *testing.T, ch *amqp.Channel, queue string, wait time.Duration) (amqp.Delivery, bool) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
+	var d amqp.Delivery
+	ok := testutil.Eventually(wait, 20*time.Millisecond, func() bool {
+		var got bool
+		var err error
+		if d, got, err = ch.Get(queue, false); err != nil {
 			t.Fatalf("get %s: %v", queue, err)
 		}
-		if ok {
-			return d, true
-		}
-		if time.Now().After(deadline) {
-			return amqp.Delivery{}, false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return got
+	})
+	return d, ok
 }
 
 // deathCount returns x-death's count for queue, 0 when absent.

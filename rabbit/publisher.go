@@ -185,7 +185,7 @@ func (p *Publisher) prepare(m *broker.Message, d time.Duration) outMsg {
 	}
 	// Room for the ladder's marks (the set bits below the entry level) and
 	// CC, so the table never grows while it is filled.
-	h := envelopeTable(m, bits.OnesCount64(n), p.cfg.SplitEnvelope)
+	h := envelopeTable(m, bits.OnesCount64(n))
 	o := outMsg{topic: m.Topic, pub: amqp.Publishing{
 		Headers:      h,
 		ContentType:  "application/octet-stream",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 // seen records what a handler ran, by key.
@@ -51,12 +52,8 @@ func (s *seen) has(keys []string) int {
 // waitAll polls until every key was handled or the wait ends.
 func (s *seen) waitAll(t *testing.T, keys []string, wait time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for s.has(keys) < len(keys) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages handled after %v", s.has(keys), len(keys), wait)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(wait, 50*time.Millisecond, func() bool { return s.has(keys) == len(keys) }) {
+		t.Fatalf("%d of %d messages handled after %v", s.has(keys), len(keys), wait)
 	}
 }
 
@@ -120,19 +117,20 @@ func rabbitmqctl() string {
 // connectionPID finds the pid of the connection whose connection_name is name.
 func connectionPID(t *testing.T, name string) string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out := testenv.Rabbitmqctl(t, "list_connections", "-q", "pid", "client_properties")
+	var out, pid string
+	if !testutil.Eventually(10*time.Second, 100*time.Millisecond, func() bool {
+		out = testenv.Rabbitmqctl(t, "list_connections", "-q", "pid", "client_properties")
 		for _, line := range strings.Split(out, "\n") {
 			if strings.Contains(line, fmt.Sprintf(`{"connection_name","%s"}`, name)) {
-				return strings.Fields(line)[0]
+				pid = strings.Fields(line)[0]
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no connection named %q in:\n%s", name, out)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no connection named %q in:\n%s", name, out)
 	}
+	return pid
 }
 
 func TestSubscriber_KilledConnectionReconnectsAndLosesNothing(t *testing.T) {
@@ -249,22 +247,19 @@ func killPublisherMidBatch(t *testing.T) bool {
 		}
 	}
 	t.Logf("confirmed %d, reported failed %d, batches cut by the kill %d", len(confirmed), failed, cut)
-	for {
+	var missing int
+	if !testutil.Eventually(time.Until(deadline), 100*time.Millisecond, func() bool {
 		rmu.Lock()
-		missing := 0
+		defer rmu.Unlock()
+		missing = 0
 		for _, k := range confirmed {
 			if !received[k] {
 				missing++
 			}
 		}
-		rmu.Unlock()
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d messages reported confirmed never arrived", missing)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return missing == 0
+	}) {
+		t.Fatalf("%d messages reported confirmed never arrived", missing)
 	}
 	if pid2 := connectionPID(t, b.cfg.ConnectionName+" publisher 0"); pid2 == pid {
 		t.Errorf("the publisher did not reconnect")

@@ -3,6 +3,7 @@ package rabbit
 import (
 	"bytes"
 	"errors"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"io"
 	"net"
 	"testing"
@@ -70,19 +71,15 @@ func TestWriteBehindConn_WriteReportsADeadSocket(t *testing.T) {
 	w := newWriteBehindConn(a)
 	defer w.Close()
 	b.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := w.Write([]byte("frame"))
-		if err != nil {
-			if !errors.Is(err, io.ErrClosedPipe) {
-				t.Fatalf("err = %v, want the socket's io.ErrClosedPipe", err)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("writes to a closed peer kept succeeding")
-		}
-		time.Sleep(time.Millisecond)
+	var err error
+	if !testutil.Eventually(5*time.Second, time.Millisecond, func() bool {
+		_, err = w.Write([]byte("frame"))
+		return err != nil
+	}) {
+		t.Fatal("writes to a closed peer kept succeeding")
+	}
+	if !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("err = %v, want the socket's io.ErrClosedPipe", err)
 	}
 }
 

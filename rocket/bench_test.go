@@ -11,6 +11,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -103,12 +104,8 @@ func (r *lateRecorder) handle(_ context.Context, m *broker.Message) error {
 
 func (r *lateRecorder) wait(b *testing.B, n int, timeout time.Duration) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for r.handled.Load() < int64(n) {
-		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d messages handled after %v", r.handled.Load(), n, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(timeout, 20*time.Millisecond, func() bool { return r.handled.Load() >= int64(n) }) {
+		b.Fatalf("only %d of %d messages handled after %v", r.handled.Load(), n, timeout)
 	}
 }
 

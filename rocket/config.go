@@ -97,10 +97,10 @@ const (
 	DefaultSendTimeout = 3 * time.Second
 	// DefaultSendRetries is Config.SendRetries' default.
 	DefaultSendRetries = 2
-	// DefaultConsumeGoroutines is Config.ConsumeGoroutines' default: with
-	// 64, as before, the runtime found one or two deliveries waiting and the
-	// database handler ran about 1k tasks/s; RabbitMQ's prefetch plays the
-	// same part.
+	// DefaultConsumeGoroutines is Config.ConsumeGoroutines' default. The
+	// consumer's group commit needs deliveries waiting: with far fewer in
+	// flight it finds one or two at a time and the database handler falls
+	// behind under load. RabbitMQ's prefetch plays the same part.
 	DefaultConsumeGoroutines = 1024
 	// DefaultConsumeTimeout is Config.ConsumeTimeout's default, the client's.
 	DefaultConsumeTimeout = 15 * time.Minute
@@ -115,9 +115,9 @@ const (
 	// The timer wheel keeps waiting messages on disk, each costing the
 	// broker about 0.7 KB of memory, so it may hold a minute of work: the
 	// relay then publishes ahead of the consumers instead of beside them.
-	// On the 2-core test box, 5,000 tasks due a second with a no-op
-	// handler ran p99 144 ms with a 60 s lookahead against 3.5 s with 2 s
-	// and 5.6 s with 10 s. Tasks due later wait in the database.
+	// At thousands of tasks due a second, a minute kept them on time where
+	// a few seconds left them seconds late (BENCHMARKS.md). Tasks due later
+	// wait in the database.
 	DefaultLookahead = time.Minute
 	// LevelPrecision is how far from its level a delay-level message may
 	// arrive: the broker's schedule service polls every 100ms.

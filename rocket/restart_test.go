@@ -11,6 +11,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -80,18 +81,14 @@ func TestBrokerRestart_PendingTimerMessagesAllArriveNoneEarly(t *testing.T) {
 	}
 	t.Logf("%d of %d timer messages were pending when the broker stopped", pendingAtStop, n)
 
-	deadline := time.Now().Add(120 * time.Second)
-	for {
+	var got int
+	if !testutil.Eventually(120*time.Second, 200*time.Millisecond, func() bool {
 		mu.Lock()
-		got := len(handled)
-		mu.Unlock()
-		if got == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages never arrived after the restart", n-got, n)
-		}
-		time.Sleep(200 * time.Millisecond)
+		defer mu.Unlock()
+		got = len(handled)
+		return got == n
+	}) {
+		t.Fatalf("%d of %d messages never arrived after the restart", n-got, n)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -21,12 +21,13 @@ type Config struct {
 	// precision (see Grace).
 	Grace time.Duration
 	// Interval is the pause between passes when the last one found nothing
-	// to rescue. Default 1s.
+	// to rescue. Default DefaultInterval.
 	Interval time.Duration
-	// BatchSize is how many rows one claim takes. Default 500.
+	// BatchSize is how many rows one claim takes. Default DefaultBatchSize.
 	BatchSize int
 	// MaxRate bounds rescues per second, so the backlog after an outage
-	// drains steadily instead of flooding the broker. Default 2000.
+	// drains steadily instead of flooding the broker. Default
+	// DefaultMaxRate.
 	MaxRate int
 	// HoldWhileBehind bounds how long a pass waits for the scanner's last
 	// rescue to be handled: until at least half of those tasks are done (or
@@ -34,18 +35,22 @@ type Config struct {
 	// stay undone mean the consumers are behind or down rather than that the
 	// broker lost messages, and more copies would only lengthen their queue
 	// (a backlog rescued again and again collapses under its duplicates).
-	// Default 1 minute; negative disables the hold.
+	// Default DefaultHoldWhileBehind; negative disables the hold.
 	HoldWhileBehind time.Duration
-	// PublishTimeout bounds one re-publish of a batch. Default 10s.
+	// PublishTimeout bounds one re-publish of a batch. Default
+	// outbox.DefaultPublishTimeout.
 	PublishTimeout time.Duration
 	// Lease is how long a rescue owns the rows it claimed before another
-	// scanner may take them. Default 30s; it must outlast PublishTimeout.
+	// scanner may take them. Default outbox.DefaultLease, or
+	// PublishTimeout plus 10s when that is longer; it must outlast
+	// PublishTimeout.
 	Lease time.Duration
 	// RetryInitial and RetryMax shape the per-row wait after a failed
-	// re-publish, doubling per failure. Defaults 1s and 5m.
+	// re-publish, doubling per failure. Defaults DefaultRetryInitial and
+	// DefaultRetryMax.
 	RetryInitial, RetryMax time.Duration
 	// PendingAlert flags pending tasks due longer ago than this: the relay
-	// is down or stuck. Default 1 minute.
+	// is down or stuck. Default DefaultPendingAlert.
 	PendingAlert time.Duration
 	// Business is an optional last line of defence for tasks never written.
 	Business *Business
@@ -64,7 +69,7 @@ type Business struct {
 	// Name identifies the source in logs and in the lock that keeps two
 	// scanners from running it at once. [A-Za-z0-9_-].
 	Name string
-	// Every is the pause between runs. Default 1 minute.
+	// Every is the pause between runs. Default DefaultBusinessEvery.
 	Every time.Duration
 	// Query returns up to limit keys to handle.
 	Query func(ctx context.Context, db *sql.DB, limit int) ([]string, error)
@@ -109,6 +114,27 @@ type Scanner struct {
 // run --grace has the same default.
 const DefaultGrace = 10 * time.Second
 
+// Defaults of the other Config and Business fields.
+const (
+	// DefaultInterval is the pause after a pass that rescued nothing.
+	DefaultInterval = time.Second
+	// DefaultBatchSize is the rows one claim takes.
+	DefaultBatchSize = 500
+	// DefaultMaxRate bounds rescues per second.
+	DefaultMaxRate = 2000
+	// DefaultHoldWhileBehind is how long a pass waits for the last rescue
+	// to be handled.
+	DefaultHoldWhileBehind = time.Minute
+	// DefaultPendingAlert flags pending tasks due longer ago than this.
+	DefaultPendingAlert = time.Minute
+	// DefaultRetryInitial and DefaultRetryMax shape the wait after a failed
+	// re-publish.
+	DefaultRetryInitial = time.Second
+	DefaultRetryMax     = 5 * time.Minute
+	// DefaultBusinessEvery is the pause between runs of a business query.
+	DefaultBusinessEvery = time.Minute
+)
+
 // Grace returns the grace a scanner publishing under limits uses for the
 // configured one: grace itself when positive, else DefaultGrace plus the
 // broker's precision, as a broker may deliver that much after the due time.
@@ -127,19 +153,19 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	cfg.Grace = Grace(cfg.Grace, pub.Limits())
 
 	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
+		cfg.Interval = DefaultInterval
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MaxRate <= 0 {
-		cfg.MaxRate = 2000
+		cfg.MaxRate = DefaultMaxRate
 	}
 	if cfg.HoldWhileBehind == 0 {
-		cfg.HoldWhileBehind = time.Minute
+		cfg.HoldWhileBehind = DefaultHoldWhileBehind
 	}
 	if cfg.PendingAlert <= 0 {
-		cfg.PendingAlert = time.Minute
+		cfg.PendingAlert = DefaultPendingAlert
 	}
 	if cfg.PublishTimeout <= 0 {
 		cfg.PublishTimeout = outbox.DefaultPublishTimeout
@@ -151,10 +177,10 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 		return nil, fmt.Errorf("scanner: Lease %v must be longer than PublishTimeout %v", cfg.Lease, cfg.PublishTimeout)
 	}
 	if cfg.RetryInitial <= 0 {
-		cfg.RetryInitial = time.Second
+		cfg.RetryInitial = DefaultRetryInitial
 	}
 	if cfg.RetryMax < cfg.RetryInitial {
-		cfg.RetryMax = max(5*time.Minute, cfg.RetryInitial)
+		cfg.RetryMax = max(DefaultRetryMax, cfg.RetryInitial)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -170,7 +196,7 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 			return nil, fmt.Errorf("scanner: business source name: %w", err)
 		}
 		if b.Every <= 0 {
-			b.Every = time.Minute
+			b.Every = DefaultBusinessEvery
 		}
 	}
 	return &Scanner{db: db, pub: pub, cfg: cfg}, nil

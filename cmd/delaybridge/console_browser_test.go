@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -331,10 +332,8 @@ func TestConsole_InABrowser_ShowsCountsFindsTasksAndActs(t *testing.T) {
 		t.Errorf("limits %q", got)
 	}
 	submit(t, ctx, "doctor-button")
-	deadline := time.Now().Add(90 * time.Second)
-	for b.c.lastDoctor().Running && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	// The check below says what is missing if doctor is still running.
+	testutil.Eventually(90*time.Second, 200*time.Millisecond, func() bool { return !b.c.lastDoctor().Running })
 	navigate(t, ctx, b, "/brokers")
 	if got := text(t, ctx, "doctor"); !strings.Contains(got, "outbox schema at version") || !strings.Contains(got, "RabbitMQ") {
 		t.Errorf("doctor's checks %q", got)

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
-	ordertimeout "github.com/delaybridge/delaybridge/examples/ordertimeout/orders"
+	ordertimeout "github.com/delaybridge/delaybridge/internal/orders"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )

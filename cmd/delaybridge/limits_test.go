@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 // run takes the limits it does not set from the live broker (the local one
@@ -27,16 +28,15 @@ func TestRun_ReadsRocketMQLimitsFromTheBroker(t *testing.T) {
 	root.SetErr(&errOut)
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(errOut.String(), "delaybridge run: started") {
+	if !testutil.Eventually(30*time.Second, 50*time.Millisecond, func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("run ended before it started: %v\n%s", err, errOut.String())
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run did not start:\n%s\n%s", out.String(), errOut.String())
-		}
+		return strings.Contains(errOut.String(), "delaybridge run: started")
+	}) {
+		t.Fatalf("run did not start:\n%s\n%s", out.String(), errOut.String())
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -355,17 +356,12 @@ func (s *secretsEnv) checkRun(t *testing.T, env []string, pool *sql.DB, brokerKi
 		}
 	}
 	defer stop()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if !testutil.Eventually(30*time.Second, 100*time.Millisecond, func() bool {
 		info, err := outbox.Get(context.Background(), pool, "sec", key)
-		if err == nil && info.State == outbox.StatePublished && strings.Contains(out.String(), "delaybridge running") {
-			break
-		}
-		if time.Now().After(deadline) {
-			stop()
-			t.Fatalf("run never published the due task:\n%s", out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil && info.State == outbox.StatePublished && strings.Contains(out.String(), "delaybridge running")
+	}) {
+		stop()
+		t.Fatalf("run never published the due task:\n%s", out.String())
 	}
 	var scraped []string
 	scrape := func(path string, wantCode int, want string) {

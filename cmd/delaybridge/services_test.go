@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -69,15 +70,11 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	go func() { done <- root.ExecuteContext(ctx) }()
 
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if !testutil.Eventually(30*time.Second, 50*time.Millisecond, func() bool {
 		info, err := outbox.Get(context.Background(), pool, "run-test", "k1")
-		if err == nil && info.State == outbox.StatePublished {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task never published; stdout %q stderr %q", out.String(), errOut.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && info.State == outbox.StatePublished
+	}) {
+		t.Fatalf("task never published; stdout %q stderr %q", out.String(), errOut.String())
 	}
 	if code, body := get(t, "http://"+addr+"/healthz"); code != 200 || !strings.Contains(body, "ok") {
 		t.Fatalf("/healthz: %d %q", code, body)
@@ -90,16 +87,13 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	wants := []string{"delaybridge_relay_published_total 1", `delaybridge_outbox_tasks{state="published",topic="run-test"} 1`,
 		"delaybridge_outbox_up 1", "delaybridge_outbox_stats_age_seconds "}
 	var metrics string
-	for {
+	var lacks []string
+	if !testutil.Eventually(time.Until(deadline), 50*time.Millisecond, func() bool {
 		_, metrics = get(t, "http://"+addr+"/metrics")
-		lacks := slices.DeleteFunc(slices.Clone(wants), func(w string) bool { return strings.Contains(metrics, w) })
-		if len(lacks) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/metrics lacks %q:\n%s", lacks, metrics)
-		}
-		time.Sleep(50 * time.Millisecond)
+		lacks = slices.DeleteFunc(slices.Clone(wants), func(w string) bool { return strings.Contains(metrics, w) })
+		return len(lacks) == 0
+	}) {
+		t.Fatalf("/metrics lacks %q:\n%s", lacks, metrics)
 	}
 	if info, err := outbox.Get(context.Background(), pool, "run-test", "later"); err != nil || info.State != outbox.StatePending {
 		t.Errorf("a task due next week: %+v, %v; want it still pending, outside the default lookahead", info, err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
 
@@ -161,18 +162,14 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	defer pub.Close()
 	// RabbitMQ's own view of the connection: TLS, with our client certificate.
 	var seen string
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.Eventually(10*time.Second, 200*time.Millisecond, func() bool {
 		for _, line := range strings.Split(testenv.Rabbitmqctl(t, "list_connections", "client_properties", "ssl", "ssl_protocol", "peer_cert_subject", "--quiet", "--no-table-headers"), "\n") {
 			if strings.Contains(line, cfg.ConnectionName) {
 				seen = line
 			}
 		}
-		if seen != "" {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return seen != ""
+	}) // the checks below say what is missing
 	if !strings.Contains(seen, "true") || !strings.Contains(seen, "tlsv1.") || !strings.Contains(seen, "CN=delaybridge-test-client") {
 		t.Fatalf("rabbitmqctl list_connections shows %q: want ssl true, a TLS protocol and the client certificate's subject", seen)
 	}

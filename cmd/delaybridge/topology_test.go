@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -52,13 +53,11 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	root.SetErr(&errOut)
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(rctx) }()
-	deadline := time.Now().Add(30 * time.Second)
 	prefix := flags[len(flags)-3]
-	for !strings.Contains(errOut.String(), `prefix: \"`+prefix+`\" here, \"shop\" there`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("run logged no difference naming both prefixes; stderr %q", errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool {
+		return strings.Contains(errOut.String(), `prefix: \"`+prefix+`\" here, \"shop\" there`)
+	}) {
+		t.Fatalf("run logged no difference naming both prefixes; stderr %q", errOut.String())
 	}
 
 	// A consumer arriving now with the prefix "shop" fails, naming both.
