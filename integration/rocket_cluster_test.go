@@ -136,7 +136,10 @@ func rocketClusterKill(t *testing.T, restart bool) {
 		downUntil = time.Now()
 		cl.Start(t, 0)
 		back = time.Now()
-		time.Sleep(5 * time.Second)
+		// Long enough for the producer's route refresh (every 30 s) to
+		// bring broker-a's queues back: tasks sent there before the
+		// consumers' own refresh and rebalance wait for them.
+		time.Sleep(35 * time.Second)
 	} else {
 		time.Sleep(20 * time.Second)
 	}
