@@ -16,11 +16,11 @@ import (
 
 // TestTwoBrokers_PublishFailsOverToTheLiveBroker runs on the two broker
 // groups of scripts/cluster.sh rocket, the topic on both. After broker-a
-// is killed with kill -9, every Publish still succeeds and none started after
-// the kill waits for a
-// send timeout: the client's first try to broker-a is refused at once and
-// its retry goes to broker-b, until the client's route refresh drops
-// broker-a. Only a send already on its way to broker-a waits one timeout.
+// is killed with kill -9, every Publish still succeeds and none started
+// after the kill waits for a send timeout: the client's first try to
+// broker-a is refused at once and its retry goes to broker-b, until the
+// client's route refresh drops broker-a. Only a send already on its way to
+// broker-a waits one timeout.
 // Everything published after the kill is delivered (from broker-b).
 func TestTwoBrokers_PublishFailsOverToTheLiveBroker(t *testing.T) {
 	testenv.SkipIfShort(t, "starts two RocketMQ brokers and kills one")
