@@ -44,11 +44,17 @@ type Config struct {
 	// batch's inner properties), so throughput comes from sending many one
 	// at a time concurrently. Default 64.
 	SendWorkers int
-	// SendTimeout bounds one send attempt. Default 3s.
+	// SendTimeout bounds one send attempt. Default 3s. With several broker
+	// groups it is also how long a send already on its way to a broker that
+	// dies waits before its retry goes to another group: the client does
+	// not fail requests of a connection that closes (see docs/deployment.md).
 	SendTimeout time.Duration
 	// SendRetries is how many times the client retries a failed send on its
 	// own before Publish reports the message as not confirmed. Default 2;
-	// negative means no retry.
+	// negative means no retry. A retry goes to a queue of another broker
+	// group than the failed attempt, so with several groups keep at least
+	// one: without it, a send to a group that is down fails until the
+	// client's next route refresh (every 30 s) drops that group.
 	SendRetries int
 	// ConsumeGoroutines bounds the deliveries of one subscription that are
 	// unsettled at once (each holds a client callback, a parked goroutine,

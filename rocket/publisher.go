@@ -49,6 +49,17 @@ import (
 // DELAY property. Plan never chooses a level above the last, so the broker
 // never clamps one silently.
 //
+// # Several broker groups
+//
+// Sends go round-robin over the queues of every group in the topic's route.
+// A failed attempt is retried (SendRetries) on another group's queue, so a
+// dead master costs a send one refused connection, or one SendTimeout for a
+// send already on its way when it died. A group that joins the route (a
+// master back from a crash, or a new one) gets no first attempts for its
+// first minute: the consumers only read its queues after their own route
+// refresh and rebalance, up to about 50 s later, and a message sent there
+// before would wait for them. See docs/deployment.md.
+//
 // Every message goes out alone: the broker ignores the inner properties of a
 // batch, so a timed message in a batch would be delivered at once. Each send
 // builds its properties from broker.Encode and the planned hop only, never
@@ -110,6 +121,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		producer.WithInstanceName(instanceName("pub")),
 		producer.WithSendMsgTimeout(cfg.SendTimeout),
 		producer.WithRetry(cfg.SendRetries),
+		producer.WithQueueSelector(newQueueSelector(brokerSettle)),
 	}, clientOptions(cfg, producer.WithCredentials, producer.WithTls)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("rocket: new producer: %w", err)

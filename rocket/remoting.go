@@ -18,9 +18,9 @@ import (
 	"time"
 )
 
-// A minimal client of RocketMQ's remoting protocol, for the two admin
-// requests rocketmq-client-go does not expose: the name server's cluster
-// table and a broker's configuration. Frames are
+// A minimal client of RocketMQ's remoting protocol, for the admin requests
+// rocketmq-client-go does not expose: the name server's cluster table, a
+// topic's route read afresh, and a broker's configuration. Frames are
 //
 //	length (4 bytes, big-endian, of what follows)
 //	header length (4 bytes: serialisation type 0 = JSON in the top byte)
@@ -34,7 +34,10 @@ import (
 // Request codes of the admin requests.
 const (
 	codeGetBrokerConfig      = 26
+	codeGetRouteInfoByTopic  = 105
 	codeGetBrokerClusterInfo = 106
+	// codeTopicNotExist answers a route request for a topic no broker has.
+	codeTopicNotExist = 17
 )
 
 // maxFrame bounds a response frame; a broker's configuration is a few KiB.
@@ -52,9 +55,9 @@ type remotingHeader struct {
 	ExtFields map[string]string `json:"extFields,omitempty"`
 }
 
-// remotingCall sends one request with code to addr and returns the body of
-// a successful response.
-func remotingCall(ctx context.Context, c Config, addr string, code int) ([]byte, error) {
+// remotingCall sends one request with code and the header fields ext to
+// addr and returns the body of a successful response.
+func remotingCall(ctx context.Context, c Config, addr string, code int, ext map[string]string) ([]byte, error) {
 	d := net.Dialer{Timeout: c.SendTimeout}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -75,9 +78,9 @@ func remotingCall(ctx context.Context, c Config, addr string, code int) ([]byte,
 	_ = conn.SetDeadline(deadline)
 	// Version is the client's protocol version; brokers answer these two
 	// requests the same for any value, and 317 is what the Go client sends.
-	h := remotingHeader{Code: code, Language: "GO", Version: 317, Opaque: remotingOpaque.Add(1)}
+	h := remotingHeader{Code: code, Language: "GO", Version: 317, Opaque: remotingOpaque.Add(1), ExtFields: ext}
 	if c.AccessKey != "" {
-		h.ExtFields = signed(nil, nil, c.AccessKey, c.SecretKey)
+		h.ExtFields = signed(ext, nil, c.AccessKey, c.SecretKey)
 	}
 	header, err := json.Marshal(h)
 	if err != nil {
@@ -109,9 +112,19 @@ func remotingCall(ctx context.Context, c Config, addr string, code int) ([]byte,
 		return nil, fmt.Errorf("response header: %w", err)
 	}
 	if resp.Code != 0 {
-		return nil, fmt.Errorf("request code %d refused with code %d: %s", code, resp.Code, resp.Remark)
+		return nil, &refusedError{Request: code, Code: resp.Code, Remark: resp.Remark}
 	}
 	return raw[4+hl:], nil
+}
+
+// refusedError is a response with a code other than success.
+type refusedError struct {
+	Request, Code int
+	Remark        string
+}
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("request code %d refused with code %d: %s", e.Request, e.Code, e.Remark)
 }
 
 // signed returns ext with the ACL fields added: AccessKey and the
@@ -138,7 +151,7 @@ func signed(ext map[string]string, body []byte, accessKey, secretKey string) map
 // brokerMasters asks a name server for the master address of every broker
 // group it knows.
 func brokerMasters(ctx context.Context, c Config, nameServer string) (map[string]string, error) {
-	body, err := remotingCall(ctx, c, nameServer, codeGetBrokerClusterInfo)
+	body, err := remotingCall(ctx, c, nameServer, codeGetBrokerClusterInfo, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +167,43 @@ func brokerMasters(ctx context.Context, c Config, nameServer string) (map[string
 	for name, b := range info.BrokerAddrTable {
 		if addr := b.BrokerAddrs["0"]; addr != "" {
 			out[name] = addr
+		}
+	}
+	return out, nil
+}
+
+// routedMasters asks a name server for topic's route and returns the
+// master addresses of the broker groups that have queues of it; none when
+// no broker has the topic.
+func routedMasters(ctx context.Context, c Config, nameServer, topic string) (map[string]bool, error) {
+	body, err := remotingCall(ctx, c, nameServer, codeGetRouteInfoByTopic, map[string]string{"topic": topic})
+	var refused *refusedError
+	if errors.As(err, &refused) && refused.Code == codeTopicNotExist {
+		return map[string]bool{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var route struct {
+		BrokerDatas []struct {
+			BrokerName  string            `json:"brokerName"`
+			BrokerAddrs map[string]string `json:"brokerAddrs"`
+		} `json:"brokerDatas"`
+		QueueDatas []struct {
+			BrokerName string `json:"brokerName"`
+		} `json:"queueDatas"`
+	}
+	if err := json.Unmarshal(quoteNumericKeys(body), &route); err != nil {
+		return nil, fmt.Errorf("route of %s from %s: %w", topic, nameServer, err)
+	}
+	queued := map[string]bool{}
+	for _, q := range route.QueueDatas {
+		queued[q.BrokerName] = true
+	}
+	out := map[string]bool{}
+	for _, b := range route.BrokerDatas {
+		if addr := b.BrokerAddrs["0"]; addr != "" && queued[b.BrokerName] {
+			out[addr] = true
 		}
 	}
 	return out, nil
@@ -205,7 +255,7 @@ func quoteNumericKeys(b []byte) []byte {
 // brokerConfig asks a broker for its configuration, the lines of a Java
 // properties file.
 func brokerConfig(ctx context.Context, c Config, addr string) (map[string]string, error) {
-	body, err := remotingCall(ctx, c, addr, codeGetBrokerConfig)
+	body, err := remotingCall(ctx, c, addr, codeGetBrokerConfig, nil)
 	if err != nil {
 		return nil, err
 	}

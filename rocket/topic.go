@@ -13,8 +13,9 @@ import (
 )
 
 // CreateTopic creates topic (or updates it to queues read and write queues)
-// on the broker at brokerAddr and waits until the name servers route it, so
-// a consumer started next finds it at once. Topics a broker auto-creates on
+// on the broker at brokerAddr and waits until the name servers route it to
+// that broker, so a consumer started next finds its queues there at once.
+// With several broker groups, create it on each master in turn. Topics a broker auto-creates on
 // first send reach the name servers only later, and a push consumer refuses
 // to start on a topic without a route.
 func CreateTopic(ctx context.Context, nameServers []string, brokerAddr, topic string, queues int) error {
@@ -65,7 +66,7 @@ var ErrCreateTopicWithACL = errors.New("rocket: cannot create topics with ACL cr
 const retryTopicPrefix = "%RETRY%"
 
 // createRouted creates or updates name on brokerAddr and waits until the
-// name servers of cfg route it.
+// name servers of cfg route it there.
 func createRouted(ctx context.Context, cfg Config, brokerAddr, name string, queues int) error {
 	if !cfg.credentials().IsEmpty() {
 		return fmt.Errorf("%w: topic %s", ErrCreateTopicWithACL, name)
@@ -87,14 +88,57 @@ func createRouted(ctx context.Context, cfg Config, brokerAddr, name string, queu
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		mqs, err := adm.FetchPublishMessageQueues(ctx, name)
-		if err == nil && len(mqs) > 0 {
+		routed, err := routedOn(ctx, cfg, brokerAddr, name)
+		if err == nil && routed {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("rocket: topic %s created on %s but not routed by the name servers: %w (last: %v)", name, brokerAddr, ctx.Err(), err)
+			return fmt.Errorf("rocket: topic %s created on %s but not routed there by the name servers: %w (last: %v)", name, brokerAddr, ctx.Err(), err)
 		case <-tick.C:
 		}
 	}
+}
+
+// routedOn reports whether every name server of cfg that answers routes
+// topic to queues on brokerAddr, read afresh (the client library caches
+// routes). With several broker groups, a topic already routed to another
+// group is not enough: a consumer started then would take only that
+// group's queues until its route refresh, 30 s later. A brokerAddr the name
+// servers know under another address (a host name for their IP) cannot be
+// matched; then any route of topic counts, as it did before several groups
+// were considered.
+func routedOn(ctx context.Context, cfg Config, brokerAddr, topic string) (bool, error) {
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = DefaultSendTimeout // bounds each request
+	}
+	answered := 0
+	var last error
+	for _, ns := range cfg.NameServers {
+		masters, err := routedMasters(ctx, cfg, ns, topic)
+		if err != nil {
+			last = err
+			continue
+		}
+		answered++
+		switch {
+		case masters[brokerAddr]:
+		case len(masters) == 0:
+			return false, nil
+		default:
+			known, err := brokerMasters(ctx, cfg, ns)
+			if err != nil {
+				return false, err
+			}
+			for _, addr := range known {
+				if addr == brokerAddr {
+					return false, nil
+				}
+			}
+		}
+	}
+	if answered == 0 {
+		return false, last
+	}
+	return true, nil
 }

@@ -15,6 +15,13 @@
 #   scripts/cluster.sh rabbit start N  start node N again; it rejoins the cluster
 #   scripts/cluster.sh rabbit env      print its node URLs and names
 #
+#   scripts/cluster.sh rocket up       start a name server and two RocketMQ broker groups
+#   scripts/cluster.sh rocket down     stop them and delete their data
+#   scripts/cluster.sh rocket status   print each of the three up/down
+#   scripts/cluster.sh rocket kill B   kill -9 broker B (a or b); nothing restarts it
+#   scripts/cluster.sh rocket start B  start broker B again on its store; it re-registers
+#   scripts/cluster.sh rocket env      print the name server and broker addresses
+#
 # The shard is a mariadbd of its own, run directly (no mysqld_safe, so a
 # kill -9 keeps it down until the test brings it back), with Debian's
 # binaries and no Debian config: datadir, socket, pid file and log under
@@ -30,6 +37,16 @@
 # scheduler each (the box has two cores). `up` always starts a fresh
 # cluster (node 2 and 3 join node 1) with the delaybridge user; `down`
 # deletes it all.
+#
+# The RocketMQ profile is RocketMQ 5 from the jars scripts/services.sh fetches
+# into .services/rocketmq/lib (fetched the same way when missing): a name
+# server of its own on 127.0.0.1:9886 and two broker groups under it in
+# cluster DelaybridgeCluster, broker-a on 10921 and broker-b on 10931 (each also listens on its port - 2 and + 1), one master
+# each, configured like the shared broker (timer wheel on, 1 h max delay,
+# 100 ms precision, topics auto-created). Small heaps (128 MB name server,
+# 256 MB per broker); stores and logs under .services/rocket-cluster/<node>.
+# `up` reuses a running profile, else starts a fresh one; `down` deletes it.
+# The shared name server (9876) and broker (10911) are never touched.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -264,8 +281,199 @@ rabbit_node_arg() {
 	[[ "${1:-}" =~ ^[123]$ ]] || usage
 }
 
+# ---------------------------------------------------------------- RocketMQ brokers
+
+RMQ_CLUSTER_DIR="$ROOT/.services/rocket-cluster"
+RMQ_CLUSTER_LIB="$ROOT/.services/rocketmq/lib"
+RMQ_CLUSTER_NAMESRV_PORT=9886
+RMQ_CLUSTER_NAME=DelaybridgeCluster
+RMQ_BROKERS=(a b)
+
+rocket_port() {
+	case "$1" in
+	a) echo 10921 ;;
+	b) echo 10931 ;;
+	esac
+}
+
+# rocket_jars: the jars services.sh fetches, fetched the same way if missing.
+rocket_jars() {
+	if [[ -d "$RMQ_CLUSTER_LIB" ]] && [[ -n "$(ls -A "$RMQ_CLUSTER_LIB" 2>/dev/null)" ]]; then
+		return 0
+	fi
+	command -v mvn >/dev/null 2>&1 || die "no RocketMQ jars in $RMQ_CLUSTER_LIB and no mvn to fetch them (run scripts/services.sh up)"
+	log "fetching RocketMQ jars from Maven Central into $RMQ_CLUSTER_LIB"
+	mkdir -p "$RMQ_CLUSTER_LIB"
+	mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/rocketmq/pom.xml" dependency:copy-dependencies \
+		-DoutputDirectory="$RMQ_CLUSTER_LIB" || die "mvn could not fetch the RocketMQ jars"
+}
+
+# rocket_java DIR HEAP MAINCLASS ARGS... : start a JVM in its own session with
+# DIR as its home (its logs go to DIR/logs/rocketmqlogs), its pid in DIR/pid.
+rocket_java() {
+	local dir="$1" heap="$2" logback
+	shift 2
+	case "$1" in
+	*NamesrvStartup) logback=rmq.namesrv.logback.xml ;;
+	*) logback=rmq.broker.logback.xml ;;
+	esac
+	(
+		echo "$BASHPID" >"$dir/pid"
+		export ROCKETMQ_HOME="$dir"
+		# shellcheck disable=SC2086
+		exec setsid java -server $heap -XX:+UseG1GC -XX:MaxDirectMemorySize=256m \
+			-XX:-OmitStackTraceInFastThrow -Djava.net.preferIPv4Stack=true \
+			--add-opens java.base/java.nio=ALL-UNNAMED \
+			--add-opens java.base/sun.nio.ch=ALL-UNNAMED \
+			--add-opens java.base/java.lang=ALL-UNNAMED \
+			-Duser.home="$dir" -Drocketmq.home.dir="$dir" \
+			-Drmq.logback.configurationFile="$logback" \
+			-Dtls.server.mode=disabled -Djava.security.egd=file:/dev/./urandom \
+			-cp "$RMQ_CLUSTER_LIB/*" "$@"
+	) </dev/null >"$dir/out.log" 2>&1 &
+}
+
+rocket_mqadmin() {
+	DELAYBRIDGE_ROCKETMQ_NAMESRV="127.0.0.1:$RMQ_CLUSTER_NAMESRV_PORT" "$ROOT/scripts/mqadmin.sh" "$@"
+}
+
+# rocket_registered: both brokers are in the name server's cluster list.
+rocket_registered() {
+	local out
+	out=$(rocket_mqadmin clusterList 2>/dev/null) || return 1
+	grep -q "127.0.0.1:$(rocket_port a)" <<<"$out" && grep -q "127.0.0.1:$(rocket_port b)" <<<"$out"
+}
+
+rocket_broker_conf() {
+	local b="$1" dir="$RMQ_CLUSTER_DIR/broker-$1" port
+	port=$(rocket_port "$b")
+	# The shared broker's config, for this broker group and name server.
+	sed -e "s|@ROCKETMQ_DIR@|$dir|g" \
+		-e "s|^brokerClusterName=.*|brokerClusterName=$RMQ_CLUSTER_NAME|" \
+		-e "s|^brokerName=.*|brokerName=broker-$b|" \
+		-e "s|^namesrvAddr=.*|namesrvAddr=127.0.0.1:$RMQ_CLUSTER_NAMESRV_PORT|" \
+		-e "s|^listenPort=.*|listenPort=$port\nhaListenPort=$((port + 1))|" \
+		-e "s|^mappedFileSizeCommitLog=.*|mappedFileSizeCommitLog=67108864|" \
+		"$ROOT/scripts/rocketmq/broker.conf" >"$dir/broker.conf"
+	grep -q "^brokerName=broker-$b$" "$dir/broker.conf" && grep -q "^listenPort=$port$" "$dir/broker.conf" ||
+		die "could not render $dir/broker.conf from scripts/rocketmq/broker.conf"
+}
+
+rocket_start() {
+	local b="$1" dir="$RMQ_CLUSTER_DIR/broker-$1"
+	[[ -f "$dir/broker.conf" ]] || die "broker-$b has no config: run \`$0 rocket up\` first"
+	if port_open "$(rocket_port "$b")"; then
+		log "RocketMQ broker-$b already running"
+	else
+		rocket_java "$dir" "-Xms256m -Xmx256m" org.apache.rocketmq.broker.BrokerStartup -c "$dir/broker.conf"
+		if ! wait_for "$START_TIMEOUT" port_open "$(rocket_port "$b")"; then
+			tail -n 40 "$dir/out.log" "$dir/logs/rocketmqlogs/broker.log" >&2 || true
+			die "RocketMQ broker-$b did not start within ${START_TIMEOUT}s (logs above)"
+		fi
+	fi
+	local deadline=$((SECONDS + START_TIMEOUT))
+	until rocket_mqadmin clusterList 2>/dev/null | grep -q "127.0.0.1:$(rocket_port "$b")"; do
+		((SECONDS < deadline)) || die "RocketMQ broker-$b did not register with the name server in ${START_TIMEOUT}s"
+		sleep 1
+	done
+	log "RocketMQ broker-$b up on 127.0.0.1:$(rocket_port "$b")"
+}
+
+rocket_up() {
+	if port_open "$RMQ_CLUSTER_NAMESRV_PORT" && port_open "$(rocket_port a)" && port_open "$(rocket_port b)" && rocket_registered; then
+		log "RocketMQ name server and brokers a, b already running, reusing"
+		return 0
+	fi
+	rocket_down
+	local p
+	for p in "$RMQ_CLUSTER_NAMESRV_PORT" $(rocket_port a) $(rocket_port b); do
+		for p in $((p - 2)) "$p" $((p + 1)); do
+			! port_open "$p" || die "port $p is taken by a process that is not this profile's"
+		done
+	done
+	rocket_jars
+	mkdir -p "$RMQ_CLUSTER_DIR/namesrv" "$RMQ_CLUSTER_DIR/broker-a" "$RMQ_CLUSTER_DIR/broker-b"
+	echo "listenPort=$RMQ_CLUSTER_NAMESRV_PORT" >"$RMQ_CLUSTER_DIR/namesrv/namesrv.conf"
+	rocket_java "$RMQ_CLUSTER_DIR/namesrv" "-Xms128m -Xmx128m" org.apache.rocketmq.namesrv.NamesrvStartup \
+		-c "$RMQ_CLUSTER_DIR/namesrv/namesrv.conf"
+	if ! wait_for "$START_TIMEOUT" port_open "$RMQ_CLUSTER_NAMESRV_PORT"; then
+		tail -n 40 "$RMQ_CLUSTER_DIR/namesrv/out.log" >&2 || true
+		die "the RocketMQ name server did not start within ${START_TIMEOUT}s (log above)"
+	fi
+	log "RocketMQ name server up on 127.0.0.1:$RMQ_CLUSTER_NAMESRV_PORT"
+	local b pids=()
+	for b in "${RMQ_BROKERS[@]}"; do
+		rocket_broker_conf "$b"
+		rocket_start "$b" &
+		pids+=($!)
+	done
+	for b in "${pids[@]}"; do
+		wait "$b" || die "a RocketMQ broker did not start"
+	done
+	log "RocketMQ cluster $RMQ_CLUSTER_NAME up: name server 127.0.0.1:$RMQ_CLUSTER_NAMESRV_PORT, broker-a 127.0.0.1:$(rocket_port a), broker-b 127.0.0.1:$(rocket_port b)"
+}
+
+# rocket_pid NODE: the live pid of this profile's NODE (namesrv, broker-a,
+# broker-b), checked to be a RocketMQ JVM, or nothing.
+rocket_pid() {
+	local f="$RMQ_CLUSTER_DIR/$1/pid" pid
+	pid_alive "$f" || return 0
+	pid=$(cat "$f")
+	grep -q org.apache.rocketmq "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+	return 0
+}
+
+rocket_kill() {
+	local b="$1" pid
+	pid=$(rocket_pid "broker-$b")
+	[[ -n "$pid" ]] || die "RocketMQ broker-$b is not running (no live $RMQ_CLUSTER_DIR/broker-$b/pid)"
+	log "kill -9 RocketMQ broker-$b (pid $pid)"
+	kill -9 "$pid"
+	wait_for 60 bash -c "! kill -0 $pid 2>/dev/null" || die "pid $pid still alive after SIGKILL"
+}
+
+# rocket_down kills the three with SIGKILL: their data is deleted next, so
+# a clean shutdown (16 s here) would buy nothing.
+rocket_down() {
+	local node pid pids=()
+	for node in broker-a broker-b namesrv; do
+		pid=$(rocket_pid "$node")
+		if [[ -n "$pid" ]]; then
+			log "stopping RocketMQ $node (pid $pid)"
+			kill -9 "$pid" 2>/dev/null || true
+			pids+=("$pid")
+		fi
+	done
+	for pid in "${pids[@]}"; do
+		wait_for 30 bash -c "! kill -0 $pid 2>/dev/null" || die "pid $pid still alive after SIGKILL"
+	done
+	rm -rf "$RMQ_CLUSTER_DIR"
+}
+
+rocket_status() {
+	local entry name port
+	for entry in "namesrv $RMQ_CLUSTER_NAMESRV_PORT" "broker-a $(rocket_port a)" "broker-b $(rocket_port b)"; do
+		read -r name port <<<"$entry"
+		if port_open "$port"; then
+			printf 'rocket-%-9s up   (127.0.0.1:%s)\n' "$name" "$port"
+		else
+			printf 'rocket-%-9s down\n' "$name"
+		fi
+	done
+}
+
+rocket_env() {
+	printf "DELAYBRIDGE_CLUSTER_ROCKETMQ_NAMESRV='127.0.0.1:%s'\n" "$RMQ_CLUSTER_NAMESRV_PORT"
+	printf "DELAYBRIDGE_CLUSTER_ROCKETMQ_BROKERS='broker-a=127.0.0.1:%s,broker-b=127.0.0.1:%s'\n" "$(rocket_port a)" "$(rocket_port b)"
+	printf "DELAYBRIDGE_CLUSTER_ROCKETMQ_CLUSTER='%s'\n" "$RMQ_CLUSTER_NAME"
+}
+
+rocket_broker_arg() {
+	[[ "${1:-}" =~ ^[ab]$ ]] || usage
+}
+
 usage() {
-	echo "usage: $0 shard up|down|kill|env | rabbit up|down|kill N|start N|env" >&2
+	echo "usage: $0 shard up|down|kill|env | rabbit up|down|kill N|start N|env | rocket up|down|status|kill B|start B|env" >&2
 	exit 2
 }
 
@@ -286,6 +494,17 @@ rabbit)
 	kill) rabbit_node_arg "${3:-}" && rabbit_kill "$3" ;;
 	start) rabbit_node_arg "${3:-}" && rabbit_start "$3" ;;
 	env) rabbit_env ;;
+	*) usage ;;
+	esac
+	;;
+rocket)
+	case "${2:-}" in
+	up) rocket_up ;;
+	down) rocket_down ;;
+	status) rocket_status ;;
+	kill) rocket_broker_arg "${3:-}" && rocket_kill "$3" ;;
+	start) rocket_broker_arg "${3:-}" && rocket_start "$3" ;;
+	env) rocket_env ;;
 	*) usage ;;
 	esac
 	;;

@@ -118,3 +118,66 @@ func (c RabbitCluster) Start(t testing.TB, i int) {
 	t.Helper()
 	Cluster(t, "rabbit", "start", strconv.Itoa(i+1))
 }
+
+// RocketCluster is the RocketMQ profile of scripts/cluster.sh: a name
+// server of its own and two broker groups, broker-a and broker-b, one
+// master each.
+type RocketCluster struct {
+	// NameServer is the profile's name server, host:port.
+	NameServer string
+	// Brokers are the brokers' addresses, broker-a first.
+	Brokers []string
+	// Names are the broker names, in the same order.
+	Names []string
+	// Cluster is the broker cluster's name, for mqadmin -c.
+	Cluster string
+}
+
+// StartRocketCluster starts the RocketMQ profile (or reuses a running one)
+// and stops it, deleting its data, at cleanup.
+func StartRocketCluster(t testing.TB) RocketCluster {
+	t.Helper()
+	t.Cleanup(func() { Cluster(t, "rocket", "down") })
+	Cluster(t, "rocket", "up")
+	var c RocketCluster
+	for _, line := range strings.Split(Cluster(t, "rocket", "env"), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		v = strings.Trim(v, "'")
+		switch k {
+		case "DELAYBRIDGE_CLUSTER_ROCKETMQ_NAMESRV":
+			c.NameServer = v
+		case "DELAYBRIDGE_CLUSTER_ROCKETMQ_CLUSTER":
+			c.Cluster = v
+		case "DELAYBRIDGE_CLUSTER_ROCKETMQ_BROKERS":
+			for _, b := range strings.Split(v, ",") {
+				name, addr, _ := strings.Cut(b, "=")
+				c.Names = append(c.Names, name)
+				c.Brokers = append(c.Brokers, addr)
+			}
+		}
+	}
+	if c.NameServer == "" || c.Cluster == "" || len(c.Brokers) != 2 {
+		t.Fatalf("scripts/cluster.sh rocket env: want a name server, a cluster and 2 brokers, got %+v", c)
+	}
+	return c
+}
+
+// letter is the broker's argument to scripts/cluster.sh: a or b.
+func (c RocketCluster) letter(i int) string { return strings.TrimPrefix(c.Names[i], "broker-") }
+
+// Kill kills broker i (0 or 1) with SIGKILL; nothing restarts it until
+// Start.
+func (c RocketCluster) Kill(t testing.TB, i int) {
+	t.Helper()
+	Cluster(t, "rocket", "kill", c.letter(i))
+}
+
+// Start starts broker i (0 or 1) again on its store and returns once the
+// name server lists it.
+func (c RocketCluster) Start(t testing.TB, i int) {
+	t.Helper()
+	Cluster(t, "rocket", "start", c.letter(i))
+}

@@ -1,0 +1,306 @@
+package integration
+
+// RocketMQ as users run it: two broker groups under one name server
+// (scripts/cluster.sh rocket, started for each test only), the topic on
+// both. One broker is killed with kill -9 while timer messages wait in its
+// wheel and tasks keep flowing.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/rlog"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rocket"
+	"github.com/delaybridge/delaybridge/scanner"
+)
+
+// TestRocketCluster_KilledBrokerReturnsAndDeliversItsWheel: broker-a is
+// down about 15 s and started again on its store; the timer messages its
+// wheel held are delivered by it after it returns (the scanner's grace is
+// longer than the outage, so it does not step in).
+func TestRocketCluster_KilledBrokerReturnsAndDeliversItsWheel(t *testing.T) {
+	rocketClusterKill(t, true)
+}
+
+// TestRocketCluster_KilledBrokerStaysDownScannerRescues: broker-a never
+// returns; what its wheel held is published again by the scanner.
+func TestRocketCluster_KilledBrokerStaysDownScannerRescues(t *testing.T) {
+	rocketClusterKill(t, false)
+}
+
+func rocketClusterKill(t *testing.T, restart bool) {
+	testenv.SkipIfShort(t, "starts two RocketMQ brokers and kills one")
+	f := newFlow(t)
+	cl := testenv.StartRocketCluster(t)
+	quietRocketMQ.Do(func() { rlog.SetLogLevel("error") })
+	cfg := rocket.Config{NameServers: []string{cl.NameServer}, GroupPrefix: "itc", Logger: quiet()}
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("rocket.NewPublisher: %v", err)
+	}
+	sub, err := rocket.NewSubscriber(cfg)
+	if err != nil {
+		t.Fatalf("rocket.NewSubscriber: %v", err)
+	}
+	t.Cleanup(func() { _ = sub.Close(); _ = pub.Close() })
+	for _, addr := range cl.Brokers {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := sub.CreateTopic(ctx, addr, f.topic, 4)
+		cancel()
+		if err != nil {
+			t.Fatalf("CreateTopic on %s: %v", addr, err)
+		}
+	}
+	f.consume(t, pub, sub)
+
+	// The relay publishes every task at once (RocketMQ's 60 s lookahead),
+	// so tasks wait in the brokers' wheels. With the broker back, the
+	// scanner waits longer than the outage, the broker's start and the
+	// consumers' route refresh and rebalance (up to 50 s); without it, it
+	// rescues after 10 s.
+	grace := 10 * time.Second
+	if restart {
+		grace = 150 * time.Second
+	}
+	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: grace, Interval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{r.Run, sc.Run} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = run(ctx) }()
+	}
+	t.Cleanup(func() { stop(); wg.Wait() })
+
+	// The order service: 40 orders a second, each due 2-10 s later.
+	var (
+		mu      sync.Mutex
+		due     = map[string]time.Time{}
+		created = map[string]time.Time{}
+		n       atomic.Int64
+	)
+	produce, stopProducing := context.WithCancel(context.Background())
+	defer stopProducing()
+	var producing sync.WaitGroup
+	producing.Add(1)
+	go func() {
+		defer producing.Done()
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-produce.Done():
+				return
+			case <-tick.C:
+			}
+			i := n.Load() + 1
+			key := fmt.Sprintf("r-%06d", i)
+			now := time.Now()
+			at := now.Add(2*time.Second + time.Duration(i*7919%8000)*time.Millisecond)
+			if err := f.tryOrder(key, at); err != nil {
+				t.Errorf("order %s: %v", key, err)
+				return
+			}
+			n.Store(i)
+			mu.Lock()
+			due[key], created[key] = at, now
+			mu.Unlock()
+		}
+	}()
+
+	// By now about 300 tasks are due in the next 8 s, about half of them
+	// in broker-a's wheel.
+	time.Sleep(8 * time.Second)
+	killed := time.Now()
+	cl.Kill(t, 0)
+	// downUntil: when broker-a was started again (it takes seconds more
+	// to take traffic), or the end for a broker that stays down.
+	var downUntil, back time.Time
+	if restart {
+		time.Sleep(15 * time.Second)
+		downUntil = time.Now()
+		cl.Start(t, 0)
+		back = time.Now()
+		// Long enough for the producer's route refresh (every 30 s) to
+		// bring broker-a's queues back: tasks sent there before the
+		// consumers' own refresh and rebalance wait for them.
+		time.Sleep(35 * time.Second)
+	} else {
+		time.Sleep(20 * time.Second)
+	}
+	stopProducing()
+	producing.Wait()
+	total := int(n.Load())
+	f.waitDone(t, total, 2*time.Minute)
+	f.checkOnce(t, total)
+
+	type task struct {
+		key                string
+		due, created, done time.Time
+		rescues            int
+	}
+	var tasks []task
+	rows, err := f.db.Query("SELECT task_key, done_ms, rescues FROM delay_task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	for rows.Next() {
+		var k task
+		var doneMS int64
+		if err := rows.Scan(&k.key, &doneMS, &k.rescues); err != nil {
+			t.Fatal(err)
+		}
+		k.due, k.created = due[k.key], created[k.key]
+		k.done = time.UnixMilli(doneMS)
+		tasks = append(tasks, k)
+	}
+	mu.Unlock()
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	for i := range tasks {
+		// The handler's own clock, finer than done_ms.
+		if at, ok := f.handled[tasks[i].key]; ok {
+			tasks[i].done = at
+		}
+	}
+	f.mu.Unlock()
+	if len(tasks) != total {
+		t.Fatalf("%d tasks in delay_task, want %d", len(tasks), total)
+	}
+
+	if !restart {
+		downUntil = time.Now()
+	}
+	// Publishing failed over: every task ordered from a second after the
+	// kill until broker-a was started again went to broker-b and was
+	// handled on time, not after the restart or by the scanner.
+	var failover, failoverLate int
+	for _, k := range tasks {
+		if k.created.After(killed.Add(time.Second)) && k.created.Before(downUntil) {
+			failover++
+			if k.done.Sub(k.due) > 2*time.Second || k.rescues > 0 {
+				failoverLate++
+				if failoverLate <= 5 {
+					t.Errorf("task %s ordered %v after the kill, while broker-a was down: handled %v late, rescues %d",
+						k.key, k.created.Sub(killed).Round(time.Millisecond), k.done.Sub(k.due).Round(time.Millisecond), k.rescues)
+				}
+			}
+		}
+	}
+	if failover < 100 {
+		t.Errorf("only %d tasks ordered while broker-a was down, want at least 100", failover)
+	}
+
+	// What broker-a's wheel held: tasks ordered (and so published: the
+	// relay polls every 50 ms) a second or more before the kill, due while
+	// it was down. Those on broker-b were handled on time; those on
+	// broker-a only once it returned (restart) or by the scanner.
+	var held, heldLate, heldRescued int
+	var heldWorst time.Duration
+	for _, k := range tasks {
+		if k.created.Before(killed.Add(-time.Second)) && k.due.After(killed) && k.due.Before(downUntil.Add(-time.Second)) {
+			held++
+			if late := k.done.Sub(k.due); late > 2*time.Second {
+				heldLate++
+				heldWorst = max(heldWorst, late)
+				if k.rescues > 0 {
+					heldRescued++
+				}
+			}
+		}
+	}
+	rescued := f.count(t, "SELECT COALESCE(SUM(rescues), 0) FROM delay_task")
+	early := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE done_ms < due_ms")
+	if early != 0 {
+		t.Errorf("%d tasks done before their due time", early)
+	}
+	if heldLate == 0 {
+		t.Errorf("none of the %d tasks in the wheels at the kill and due while broker-a was down waited for broker-a: did the kill hit a broker holding any?", held)
+	}
+	if restart {
+		// Delivered by broker-a after its return, not by the scanner.
+		if heldRescued != 0 || rescued != 0 {
+			t.Errorf("with broker-a back, the scanner rescued %d tasks (%d of those broker-a held); want broker-a to deliver them", rescued, heldRescued)
+		}
+	} else if heldRescued != heldLate {
+		t.Errorf("broker-a stayed down, yet %d of the %d tasks it held were handled without the scanner", heldLate-heldRescued, heldLate)
+	}
+
+	// Lateness, as in the RabbitMQ cluster test: normal is the p99 of the
+	// tasks due more than a second before the kill (those due just before
+	// it may still wait in broker-a's queues, delivered by its wheel but
+	// not yet consumed); recovery ends at the due time of the last task due
+	// after that that was late by more than twice normal (and more than
+	// 500 ms).
+	sort.Slice(tasks, func(i, j int) bool { return tasks[i].due.Before(tasks[j].due) })
+	var normal []time.Duration
+	for _, k := range tasks {
+		if k.due.Before(killed.Add(-time.Second)) {
+			normal = append(normal, k.done.Sub(k.due))
+		}
+	}
+	slices.Sort(normal)
+	if len(normal) == 0 {
+		t.Fatal("no task was due a second before the kill")
+	}
+	p99 := normal[len(normal)*99/100]
+	limit := max(2*p99, 500*time.Millisecond)
+	// drained: when the last of those late tasks was handled.
+	var lastLate, drained time.Time
+	for _, k := range tasks {
+		if k.due.After(killed.Add(-time.Second)) && k.done.Sub(k.due) > limit {
+			lastLate = k.due
+			if k.done.After(drained) {
+				drained = k.done
+			}
+		}
+	}
+	recovery, drain := time.Duration(0), time.Duration(0)
+	if !lastLate.IsZero() {
+		recovery, drain = lastLate.Sub(killed), drained.Sub(killed)
+	}
+	how := "stayed down"
+	if restart {
+		// Tasks ordered once broker-a was started again: a producer whose
+		// route refresh brings broker-a back before the consumers' refresh
+		// and rebalance sends some there, and they wait for the consumers.
+		var after, afterLate int
+		var afterWorst time.Duration
+		for _, k := range tasks {
+			if k.created.After(downUntil) {
+				after++
+				if late := k.done.Sub(k.due); late > limit {
+					afterLate++
+					afterWorst = max(afterWorst, late)
+				}
+			}
+		}
+		how = fmt.Sprintf("was started again %v after the kill and registered %v after it; of %d tasks ordered since it was started, %d were late by more than %v, worst %v",
+			downUntil.Sub(killed).Round(100*time.Millisecond), back.Sub(killed).Round(100*time.Millisecond),
+			after, afterLate, limit.Round(time.Millisecond), afterWorst.Round(100*time.Millisecond))
+	}
+	t.Logf("broker-a %s. %d tasks: lost 0, dup_effects 0, early %d, rescued by the scanner %d. "+
+		"Failover: %d tasks ordered while broker-a was down (from 1 s after the kill), %d late. "+
+		"Broker-a's wheel: of %d tasks in the wheels at the kill due while it was down, %d waited for it (%d rescued), worst %v late. "+
+		"Lateness p99 of tasks due before the kill %v; tasks due up to %v after the kill were late by more than %v, the last handled %v after the kill",
+		how, total, early, rescued, failover, failoverLate, held, heldLate, heldRescued, heldWorst.Round(100*time.Millisecond),
+		p99.Round(time.Millisecond), recovery.Round(100*time.Millisecond), limit.Round(time.Millisecond), drain.Round(100*time.Millisecond))
+}
