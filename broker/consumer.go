@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -32,10 +33,12 @@ type Consumer struct {
 
 	stuck atomic.Int64 // abandoned handlers still running
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	held    map[*time.Timer]job
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	held     heldQueue     // early messages waiting to come due (hold)
+	heldSeq  uint64        // arrival order of held messages
+	wakeHeld chan struct{} // a message was held ahead of the others
 }
 
 type job struct {
@@ -66,7 +69,7 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		sub: sub, pub: pub, h: h, cfg: cfg, log: cfg.Logger,
 		work:     make(chan job, queue),
 		stopping: make(chan struct{}),
-		held:     make(map[*time.Timer]job),
+		wakeHeld: make(chan struct{}, 1),
 	}
 	c.subCtx, c.stopSub = context.WithCancel(context.Background())
 	c.hardCtx, c.stopHard = context.WithCancel(context.Background())
@@ -113,6 +116,8 @@ func (c *Consumer) Start(ctx context.Context, topics ...string) error {
 		c.wg.Add(1)
 		go c.worker()
 	}
+	c.wg.Add(1)
+	go c.releaseHeld()
 	for i, ch := range chans {
 		c.wg.Add(1)
 		go c.dispatch(topics[i], ch)
@@ -129,16 +134,11 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closed = true
-		held := c.held
-		c.held = nil
 		c.mu.Unlock()
 		close(c.stopping)
 		c.stopSub()
-		for t, j := range held {
-			if t.Stop() {
-				c.nack(j)
-				c.wg.Done()
-			}
+		if !c.startedOnce() {
+			c.nackHeld()
 		}
 	})
 	done := make(chan struct{})
@@ -169,27 +169,120 @@ func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 	}
 }
 
-// hold parks j in memory until it is due. It reports false when the
-// consumer is closing, in which case the caller enqueues (and so gives back) j.
+// hold parks j in memory until it is due, d from now. It reports false
+// when the consumer is closing, in which case the caller enqueues (and so
+// gives back) j.
 func (c *Consumer) hold(j job, d time.Duration) bool {
+	at := time.Now().Add(d) // the real clock: what timers run on
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.held == nil {
+	if c.closed {
 		return false
 	}
-	c.wg.Add(1)
-	var t *time.Timer
-	t = time.AfterFunc(d, func() {
-		defer c.wg.Done()
+	c.heldSeq++
+	h := &heldJob{j: j, at: at, key: at.Round(time.Millisecond), seq: c.heldSeq}
+	heap.Push(&c.held, h)
+	if c.held[0] == h {
+		select {
+		case c.wakeHeld <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// releaseHeld hands each held message to the workers when it comes due,
+// in one goroutine: messages due in the same millisecond go in the order
+// they arrived, so they are settled (acked) in that order too. RabbitMQ
+// pays for an ack by how many unacked deliveries of the channel precede
+// it, and a burst of thousands of tasks due at one instant, released by a
+// timer each in whatever order the timers fired, cost the broker more than
+// the database did. On Close it gives back whatever is still held.
+func (c *Consumer) releaseHeld() {
+	defer c.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
 		c.mu.Lock()
-		if c.held != nil {
-			delete(c.held, t)
+		var due []job
+		now := time.Now()
+		for len(c.held) > 0 && !c.held[0].at.After(now) {
+			due = append(due, heap.Pop(&c.held).(*heldJob).j)
+		}
+		next := time.Duration(-1)
+		if len(c.held) > 0 {
+			next = c.held[0].at.Sub(now)
 		}
 		c.mu.Unlock()
-		c.enqueue(j)
-	})
-	c.held[t] = j
-	return true
+		for _, j := range due {
+			c.enqueue(j)
+		}
+		if len(due) > 0 {
+			continue
+		}
+		if next >= 0 {
+			t.Reset(next)
+		}
+		select {
+		case <-c.stopping:
+			c.nackHeld()
+			return
+		case <-c.wakeHeld:
+		case <-t.C:
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+	}
+}
+
+// nackHeld gives back every held message.
+func (c *Consumer) nackHeld() {
+	c.mu.Lock()
+	held := c.held
+	c.held = nil
+	c.mu.Unlock()
+	for _, h := range held {
+		c.nack(h.j)
+	}
+}
+
+// startedOnce reports whether Start ran (and so releaseHeld).
+func (c *Consumer) startedOnce() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started
+}
+
+// heldJob is a held message: released at at, ordered by key (at to the
+// millisecond, which messages due together share) and then by arrival.
+type heldJob struct {
+	j       job
+	at, key time.Time
+	seq     uint64
+}
+
+// heldQueue is a min-heap of held messages (container/heap).
+type heldQueue []*heldJob
+
+func (q heldQueue) Len() int { return len(q) }
+func (q heldQueue) Less(a, b int) bool {
+	if !q[a].key.Equal(q[b].key) {
+		return q[a].key.Before(q[b].key)
+	}
+	return q[a].seq < q[b].seq
+}
+func (q heldQueue) Swap(a, b int) { q[a], q[b] = q[b], q[a] }
+func (q *heldQueue) Push(x any)   { *q = append(*q, x.(*heldJob)) }
+func (q *heldQueue) Pop() any {
+	old := *q
+	h := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return h
 }
 
 func (c *Consumer) enqueue(j job) {

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -480,5 +481,44 @@ func TestConsumer_GroupTakesEveryDueMessageWaiting(t *testing.T) {
 	defer mu.Unlock()
 	if len(sizes) == 0 || sizes[0] != 30 {
 		t.Fatalf("group sizes %v: want the 30 waiting messages in one group", sizes)
+	}
+}
+
+// Messages held until the same due time go to the handler in the order
+// they arrived, so a broker that pays for an ack by the unacked
+// deliveries ahead of it (RabbitMQ) is acked in order after a burst.
+func TestConsumer_HeldMessagesDueTogetherRunInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	// An Early longer than the delay hands every message over at once, in
+	// the order published: they arrive a second early and are held.
+	bd := setup(t, memory.Config{Limits: broker.Limits{Precision: 2 * time.Second}, Early: 2 * time.Second, Prefetch: 1000})
+	const n = 300
+	var mu sync.Mutex
+	var order []string
+	done := make(chan struct{})
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, m.Key)
+		if len(order) == n {
+			close(done)
+		}
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1})
+	due := time.Now().Add(time.Second)
+	for i := range n {
+		bd.publish(t, fmt.Sprintf("k%03d", i), due)
+	}
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("not every message was handled")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, k := range order {
+		if want := fmt.Sprintf("k%03d", i); k != want {
+			t.Fatalf("message %d handled was %s, want %s: held messages due together ran out of arrival order", i, k, want)
+		}
 	}
 }

@@ -43,7 +43,7 @@ out=$(mktemp)
 # The bench's own CPU comes from its JSON (process_cpu_s); its exit status
 # is reported, not fatal, so a run that lost tasks still shows its cost.
 set +e
-bin/delaybridge bench "$@" > "$out"
+${BENCH_BIN:-bin/delaybridge} bench "$@" > "$out"
 status=$?
 set -e
 elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
