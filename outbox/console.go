@@ -394,7 +394,7 @@ WHERE state = 'done' AND due_ms >= ? AND due_ms < ? AND done_ms <> 0 ORDER BY du
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: lateness series: %w", err)
 		}
-		out[b] = Summarize(ms)
+		out[b] = summarize(ms)
 	}
 	return out, nil
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -550,7 +551,7 @@ func (b *benchSession) report() error {
 			late = append(late, max(t/1000-run.due[i], 0))
 		}
 	}
-	l := outbox.Summarize(late)
+	l := percentile.Summarize(late)
 	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
 	res.ElapsedSecond = time.Since(b.scheduleStart).Seconds()
 	res.ProcessCPU = processCPU()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -252,7 +253,7 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 		late = append(late, l)
 		r.CancelledBy[by]++
 	}
-	r.Lateness = outbox.Summarize(late)
+	r.Lateness = outbox.Lateness(percentile.Summarize(late))
 	return r, rows.Err()
 }
 
