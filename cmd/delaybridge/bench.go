@@ -23,7 +23,6 @@ import (
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // benchTopic is the topic every bench run uses; keys carry the run id, so a
@@ -432,7 +431,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := rabbit.PurgeTopic(ctx, cfg, benchTopic); err != nil {
+		if _, err := purgeTopicQueue(ctx, cfg, benchTopic); err != nil {
 			return fmt.Errorf("baseline: purge its messages: %w", err)
 		}
 	}
