@@ -39,7 +39,7 @@ func Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time
 }
 
 // Get reads a task. It returns ErrNotFound when there is none.
-func Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	return New(Config{}).Get(ctx, q, topic, key)
 }
 
@@ -228,7 +228,7 @@ const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace,
   publish_attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // Get reads the task (topic, key), or returns ErrNotFound.
-func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -239,9 +239,9 @@ func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*Info, 
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanInfo(s scanner) (*Info, error) {
+func scanInfo(s scanner) (*TaskInfo, error) {
 	var (
-		i                       Info
+		i                       TaskInfo
 		key                     []byte
 		dueMS, createdMS, updMS int64
 		headers, trace, lastErr sql.NullString

@@ -59,8 +59,8 @@ type Task struct {
 	Trace string
 }
 
-// Info is a task row as Get returns it.
-type Info struct {
+// TaskInfo is a task row as Get returns it.
+type TaskInfo struct {
 	ID              int64
 	Task            Task
 	State           State

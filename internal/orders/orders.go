@@ -151,7 +151,7 @@ func (s *Service) CancelTask(ctx context.Context, tx *sql.Tx, m *broker.Message)
 
 // CancelHandler is CancelTask through outbox.Handle, one message at a time.
 func (s *Service) CancelHandler() broker.Handler {
-	return outbox.Handler(s.DB, s.CancelTask)
+	return outbox.BrokerHandler(s.DB, s.CancelTask)
 }
 
 // UnpaidPastDue is the scanner's business query: orders still unpaid more
