@@ -17,9 +17,8 @@ import (
 
 // RelayConfig configures a Relay. Every zero value means the default stated.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes. Default 1000: on the
-	// 2-core test machine 4 workers × 1000 relayed 18.8–20.6k tasks/s to
-	// RabbitMQ where 4 × 500 did 11.9–17.4k (BENCHMARKS.md).
+	// BatchSize is how many rows one claim takes. Default 1000: larger
+	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
 	BatchSize int
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
 	// batches apart. Default 4.
