@@ -39,7 +39,7 @@ fuzz:
 	go test -run '^$$' -fuzz '^FuzzConsumerHopsMakeProgress$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
-	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./outbox/
+	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./internal/store/
 	go test -run '^$$' -fuzz '^FuzzFromTable$$' -fuzztime $(FUZZTIME) ./rabbit/
 	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
 	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/

@@ -82,7 +82,7 @@ func (c *Client) Reschedule(ctx context.Context, tx *sql.Tx, topic, key string, 
 
 // Get reads the task of (topic, key); outbox.ErrNotFound when there is
 // none. q is the database or a transaction.
-func (c *Client) Get(ctx context.Context, q outbox.Querier, topic, key string) (*outbox.Info, error) {
+func (c *Client) Get(ctx context.Context, q outbox.Querier, topic, key string) (*outbox.TaskInfo, error) {
 	return outbox.Get(ctx, q, topic, key)
 }
 

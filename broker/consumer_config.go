@@ -109,8 +109,8 @@ const (
 	// default (10 years) and a day more: a task scheduled at that limit
 	// still passes a consumer whose clock runs behind the producer's.
 	DefaultMaxDelay = 10*365*24*time.Hour + 24*time.Hour
-	// DefaultGroupSize: 50 tasks a transaction took the test box's
-	// MariaDB from about 3.5k to about 58k handled tasks a second.
+	// DefaultGroupSize: 50 tasks a transaction; one transaction a task
+	// makes the database the limit (BENCHMARKS.md, End to end).
 	DefaultGroupSize = 50
 )
 

@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // DefaultDeadTopic is where PublishDead sends messages by default.
@@ -73,7 +75,7 @@ func DeadMessage(d *Delivery, reason error, topic string) *Message {
 		budget = MaxHeaderBytes / 2
 		orig = map[string]string{}
 		for k, v := range d.Headers {
-			if !strings.HasPrefix(k, HeaderVersion) && printable(k) && printable(v) {
+			if !strings.HasPrefix(k, wire.HeaderVersion) && printable(k) && printable(v) {
 				orig[DeadHeaderOrig+k] = v
 			}
 		}

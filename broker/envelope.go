@@ -6,26 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-)
 
-// Envelope header names. RocketMQ carries them as user properties; RabbitMQ
-// packs them into one AMQP header (see package rabbit).
-const (
-	HeaderVersion    = "delaybridge-v"
-	HeaderTaskID     = "delaybridge-task"
-	HeaderTopic      = "delaybridge-topic"
-	HeaderKey        = "delaybridge-key"
-	HeaderDeliverAt  = "delaybridge-deliver-at"
-	HeaderHop        = "delaybridge-hop"
-	HeaderAttempt    = "delaybridge-attempt"
-	HeaderGeneration = "delaybridge-gen"
-	HeaderTrace      = "delaybridge-trace"
-	// HeaderPrefix starts every envelope header; free headers follow
-	// HeaderFreePrefix so they can never collide with the envelope's own.
-	HeaderPrefix     = "delaybridge-"
-	HeaderFreePrefix = "delaybridge-h-"
-	// EnvelopeVersion is the only envelope version this code writes and reads.
-	EnvelopeVersion = "1"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // Bounds on a due time, in Unix milliseconds (UTC by definition). Anything
@@ -53,20 +35,20 @@ func CheckDeliverAt(t time.Time) error {
 func Encode(m *Message) map[string]string {
 	h := make(map[string]string, 9+len(m.Headers))
 	for k, v := range m.Headers {
-		h[HeaderFreePrefix+k] = v
+		h[wire.HeaderFreePrefix+k] = v
 	}
-	h[HeaderVersion] = EnvelopeVersion
-	h[HeaderTopic] = m.Topic
-	h[HeaderKey] = m.Key
-	h[HeaderDeliverAt] = strconv.FormatInt(m.DeliverAt.UnixMilli(), 10)
-	h[HeaderHop] = strconv.Itoa(m.Hop)
-	h[HeaderAttempt] = strconv.Itoa(m.Attempt)
-	h[HeaderGeneration] = strconv.FormatInt(m.Generation, 10)
+	h[wire.HeaderVersion] = wire.EnvelopeVersion
+	h[wire.HeaderTopic] = m.Topic
+	h[wire.HeaderKey] = m.Key
+	h[wire.HeaderDeliverAt] = strconv.FormatInt(m.DeliverAt.UnixMilli(), 10)
+	h[wire.HeaderHop] = strconv.Itoa(m.Hop)
+	h[wire.HeaderAttempt] = strconv.Itoa(m.Attempt)
+	h[wire.HeaderGeneration] = strconv.FormatInt(m.Generation, 10)
 	if m.TaskID != 0 {
-		h[HeaderTaskID] = strconv.FormatInt(m.TaskID, 10)
+		h[wire.HeaderTaskID] = strconv.FormatInt(m.TaskID, 10)
 	}
 	if m.Trace != "" {
-		h[HeaderTrace] = m.Trace
+		h[wire.HeaderTrace] = m.Trace
 	}
 	return h
 }
@@ -76,59 +58,59 @@ func Encode(m *Message) map[string]string {
 // returns ErrNoEnvelope when there is no envelope and an *EnvelopeError when
 // a field is missing or malformed; it never panics on any input.
 func Decode(headers map[string]string, body []byte) (*Message, error) {
-	v, ok := headers[HeaderVersion]
+	v, ok := headers[wire.HeaderVersion]
 	if !ok {
 		return nil, ErrNoEnvelope
 	}
-	if v != EnvelopeVersion {
-		return nil, &EnvelopeError{Header: HeaderVersion, Reason: fmt.Sprintf("version %.16q, want %q", v, EnvelopeVersion)}
+	if v != wire.EnvelopeVersion {
+		return nil, &EnvelopeError{Header: wire.HeaderVersion, Reason: fmt.Sprintf("version %.16q, want %q", v, wire.EnvelopeVersion)}
 	}
 	if len(body) > MaxBody {
 		return nil, &EnvelopeError{Header: "body", Reason: fmt.Sprintf("%d bytes, more than the %d any delaybridge message carries", len(body), MaxBody)}
 	}
 	m := &Message{Payload: body}
 	var err error
-	if m.Topic, err = required(headers, HeaderTopic); err != nil {
+	if m.Topic, err = required(headers, wire.HeaderTopic); err != nil {
 		return nil, err
 	}
 	if e := ValidateTopic(m.Topic); e != nil {
-		return nil, &EnvelopeError{Header: HeaderTopic, Reason: e.Error()}
+		return nil, &EnvelopeError{Header: wire.HeaderTopic, Reason: e.Error()}
 	}
-	if m.Key, err = required(headers, HeaderKey); err != nil {
+	if m.Key, err = required(headers, wire.HeaderKey); err != nil {
 		return nil, err
 	}
 	if e := ValidateKey(m.Key); e != nil {
-		return nil, &EnvelopeError{Header: HeaderKey, Reason: e.Error()}
+		return nil, &EnvelopeError{Header: wire.HeaderKey, Reason: e.Error()}
 	}
-	ms, err := integer(headers, HeaderDeliverAt, true, minDeliverAtMS, maxDeliverAtMS)
+	ms, err := integer(headers, wire.HeaderDeliverAt, true, minDeliverAtMS, maxDeliverAtMS)
 	if err != nil {
 		return nil, err
 	}
 	m.DeliverAt = time.UnixMilli(ms).UTC()
-	hop, err := integer(headers, HeaderHop, true, 0, 1<<31-1)
+	hop, err := integer(headers, wire.HeaderHop, true, 0, 1<<31-1)
 	if err != nil {
 		return nil, err
 	}
-	attempt, err := integer(headers, HeaderAttempt, true, 0, 1<<31-1)
+	attempt, err := integer(headers, wire.HeaderAttempt, true, 0, 1<<31-1)
 	if err != nil {
 		return nil, err
 	}
 	m.Hop, m.Attempt = int(hop), int(attempt)
-	if m.Generation, err = integer(headers, HeaderGeneration, true, 0, 1<<63-1); err != nil {
+	if m.Generation, err = integer(headers, wire.HeaderGeneration, true, 0, 1<<63-1); err != nil {
 		return nil, err
 	}
-	if m.TaskID, err = integer(headers, HeaderTaskID, false, 1, 1<<63-1); err != nil {
+	if m.TaskID, err = integer(headers, wire.HeaderTaskID, false, 1, 1<<63-1); err != nil {
 		return nil, err
 	}
-	if tr, ok := headers[HeaderTrace]; ok {
+	if tr, ok := headers[wire.HeaderTrace]; ok {
 		if len(tr) > MaxTraceLen || !utf8.ValidString(tr) || strings.ContainsAny(tr, separators) {
-			return nil, &EnvelopeError{Header: HeaderTrace, Reason: fmt.Sprintf("longer than %d bytes, not UTF-8 or holding \\x01 or \\x02", MaxTraceLen)}
+			return nil, &EnvelopeError{Header: wire.HeaderTrace, Reason: fmt.Sprintf("longer than %d bytes, not UTF-8 or holding \\x01 or \\x02", MaxTraceLen)}
 		}
 		m.Trace = tr
 	}
 	size := 0
 	for k, v := range headers {
-		name, ok := strings.CutPrefix(k, HeaderFreePrefix)
+		name, ok := strings.CutPrefix(k, wire.HeaderFreePrefix)
 		if !ok {
 			continue
 		}
@@ -137,7 +119,7 @@ func Decode(headers map[string]string, body []byte) (*Message, error) {
 		}
 		size += HeaderBytes(name, v)
 		if size > MaxHeaderBytes {
-			return nil, &EnvelopeError{Header: HeaderFreePrefix + "*", Reason: fmt.Sprintf("free headers exceed %d bytes", MaxHeaderBytes)}
+			return nil, &EnvelopeError{Header: wire.HeaderFreePrefix + "*", Reason: fmt.Sprintf("free headers exceed %d bytes", MaxHeaderBytes)}
 		}
 		if m.Headers == nil {
 			m.Headers = make(map[string]string)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 func sampleMessage() *broker.Message {
@@ -61,34 +62,34 @@ func TestEnvelope_DecodeRejectsMalformed(t *testing.T) {
 		edit   func(h map[string]string)
 		header string
 	}{
-		{"wrong version", func(h map[string]string) { h[broker.HeaderVersion] = "2" }, broker.HeaderVersion},
-		{"missing topic", func(h map[string]string) { delete(h, broker.HeaderTopic) }, broker.HeaderTopic},
-		{"bad topic", func(h map[string]string) { h[broker.HeaderTopic] = "orders.cancel" }, broker.HeaderTopic},
-		{"missing key", func(h map[string]string) { delete(h, broker.HeaderKey) }, broker.HeaderKey},
-		{"empty key", func(h map[string]string) { h[broker.HeaderKey] = "" }, broker.HeaderKey},
-		{"key not UTF-8", func(h map[string]string) { h[broker.HeaderKey] = "\xff\xfe" }, broker.HeaderKey},
-		{"due not a number", func(h map[string]string) { h[broker.HeaderDeliverAt] = "tomorrow" }, broker.HeaderDeliverAt},
-		{"due in year 10000", func(h map[string]string) { h[broker.HeaderDeliverAt] = "253402300800000" }, broker.HeaderDeliverAt},
-		{"due before 2000", func(h map[string]string) { h[broker.HeaderDeliverAt] = "-5" }, broker.HeaderDeliverAt},
-		{"negative hop", func(h map[string]string) { h[broker.HeaderHop] = "-1" }, broker.HeaderHop},
-		{"attempt overflow", func(h map[string]string) { h[broker.HeaderAttempt] = "99999999999999999999" }, broker.HeaderAttempt},
-		{"missing generation", func(h map[string]string) { delete(h, broker.HeaderGeneration) }, broker.HeaderGeneration},
-		{"zero task id", func(h map[string]string) { h[broker.HeaderTaskID] = "0" }, broker.HeaderTaskID},
-		{"huge trace", func(h map[string]string) { h[broker.HeaderTrace] = strings.Repeat("t", 600) }, broker.HeaderTrace},
-		{"key with a property separator", func(h map[string]string) { h[broker.HeaderKey] = "a\x01b" }, broker.HeaderKey},
-		{"trace with a property separator", func(h map[string]string) { h[broker.HeaderTrace] = "a\x02b" }, broker.HeaderTrace},
-		{"free header with a property separator", func(h map[string]string) { h[broker.HeaderFreePrefix+"x"] = "a\x01b" }, `"delaybridge-h-x"`},
+		{"wrong version", func(h map[string]string) { h[wire.HeaderVersion] = "2" }, wire.HeaderVersion},
+		{"missing topic", func(h map[string]string) { delete(h, wire.HeaderTopic) }, wire.HeaderTopic},
+		{"bad topic", func(h map[string]string) { h[wire.HeaderTopic] = "orders.cancel" }, wire.HeaderTopic},
+		{"missing key", func(h map[string]string) { delete(h, wire.HeaderKey) }, wire.HeaderKey},
+		{"empty key", func(h map[string]string) { h[wire.HeaderKey] = "" }, wire.HeaderKey},
+		{"key not UTF-8", func(h map[string]string) { h[wire.HeaderKey] = "\xff\xfe" }, wire.HeaderKey},
+		{"due not a number", func(h map[string]string) { h[wire.HeaderDeliverAt] = "tomorrow" }, wire.HeaderDeliverAt},
+		{"due in year 10000", func(h map[string]string) { h[wire.HeaderDeliverAt] = "253402300800000" }, wire.HeaderDeliverAt},
+		{"due before 2000", func(h map[string]string) { h[wire.HeaderDeliverAt] = "-5" }, wire.HeaderDeliverAt},
+		{"negative hop", func(h map[string]string) { h[wire.HeaderHop] = "-1" }, wire.HeaderHop},
+		{"attempt overflow", func(h map[string]string) { h[wire.HeaderAttempt] = "99999999999999999999" }, wire.HeaderAttempt},
+		{"missing generation", func(h map[string]string) { delete(h, wire.HeaderGeneration) }, wire.HeaderGeneration},
+		{"zero task id", func(h map[string]string) { h[wire.HeaderTaskID] = "0" }, wire.HeaderTaskID},
+		{"huge trace", func(h map[string]string) { h[wire.HeaderTrace] = strings.Repeat("t", 600) }, wire.HeaderTrace},
+		{"key with a property separator", func(h map[string]string) { h[wire.HeaderKey] = "a\x01b" }, wire.HeaderKey},
+		{"trace with a property separator", func(h map[string]string) { h[wire.HeaderTrace] = "a\x02b" }, wire.HeaderTrace},
+		{"free header with a property separator", func(h map[string]string) { h[wire.HeaderFreePrefix+"x"] = "a\x01b" }, `"delaybridge-h-x"`},
 		{"many small free headers", func(h map[string]string) {
 			// 1,000 headers of 4 bytes: small by name and value, but 23 KB on the wire.
 			for i := range 1000 {
-				h[fmt.Sprintf("%s%03d", broker.HeaderFreePrefix, i)] = "v"
+				h[fmt.Sprintf("%s%03d", wire.HeaderFreePrefix, i)] = "v"
 			}
-		}, broker.HeaderFreePrefix + "*"},
+		}, wire.HeaderFreePrefix + "*"},
 		{"huge free headers", func(h map[string]string) {
 			for i := range 20 {
-				h[broker.HeaderFreePrefix+strings.Repeat("k", i+1)] = strings.Repeat("v", 1000)
+				h[wire.HeaderFreePrefix+strings.Repeat("k", i+1)] = strings.Repeat("v", 1000)
 			}
-		}, broker.HeaderFreePrefix + "*"},
+		}, wire.HeaderFreePrefix + "*"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -170,14 +171,14 @@ func manyHeaders(m *broker.Message, n int) {
 
 func FuzzDecode(f *testing.F) {
 	good := broker.Encode(sampleMessage())
-	f.Add(good[broker.HeaderVersion], good[broker.HeaderTopic], good[broker.HeaderKey], good[broker.HeaderDeliverAt], good[broker.HeaderHop], good[broker.HeaderGeneration], "tenant", "acme")
+	f.Add(good[wire.HeaderVersion], good[wire.HeaderTopic], good[wire.HeaderKey], good[wire.HeaderDeliverAt], good[wire.HeaderHop], good[wire.HeaderGeneration], "tenant", "acme")
 	f.Add("1", "t", "k", "253402300799000", "0", "0", "", "")
 	f.Add("1", "a.b", "\xff", "x", "-1", "9223372036854775808", "\x00", "\xfe")
 	f.Fuzz(func(t *testing.T, version, topic, key, due, hop, gen, hname, hval string) {
 		h := map[string]string{
-			broker.HeaderVersion: version, broker.HeaderTopic: topic, broker.HeaderKey: key,
-			broker.HeaderDeliverAt: due, broker.HeaderHop: hop, broker.HeaderAttempt: hop,
-			broker.HeaderGeneration: gen, broker.HeaderFreePrefix + hname: hval,
+			wire.HeaderVersion: version, wire.HeaderTopic: topic, wire.HeaderKey: key,
+			wire.HeaderDeliverAt: due, wire.HeaderHop: hop, wire.HeaderAttempt: hop,
+			wire.HeaderGeneration: gen, wire.HeaderFreePrefix + hname: hval,
 		}
 		m, err := broker.Decode(h, []byte(hval))
 		if err != nil {

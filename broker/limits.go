@@ -53,8 +53,9 @@ func (l Limits) Validate() error {
 	return nil
 }
 
-// Hop is the planner's answer for one publish.
-type Hop struct {
+// HopPlan is the planner's answer for one publish: how long the broker
+// holds the message this time. (Message.Hop counts the re-publishes.)
+type HopPlan struct {
 	// Delay is how long the broker should hold the message, from now. Zero
 	// means deliver at once.
 	Delay time.Duration
@@ -74,16 +75,16 @@ type Hop struct {
 // the hops of a chain never add up past the due time; a due time in the past
 // or present gives Delay 0 and Last. The number of hops for a remainder R is
 // at most MaxHops(R).
-func (l Limits) Plan(now, due time.Time) Hop {
+func (l Limits) Plan(now, due time.Time) HopPlan {
 	remaining := due.Sub(now)
 	if remaining <= 0 {
-		return Hop{Last: true}
+		return HopPlan{Last: true}
 	}
 	if len(l.Levels) == 0 {
 		if l.MaxHop == 0 || remaining <= l.MaxHop {
-			return Hop{Delay: remaining, Last: true}
+			return HopPlan{Delay: remaining, Last: true}
 		}
-		return Hop{Delay: l.MaxHop}
+		return HopPlan{Delay: l.MaxHop}
 	}
 	// Largest usable level that fits in the remainder.
 	i, found := slices.BinarySearch(l.Levels, remaining)
@@ -95,10 +96,10 @@ func (l Limits) Plan(now, due time.Time) Hop {
 	}
 	if i < 0 {
 		// Shorter than the smallest level: deliver now, the consumer holds it.
-		return Hop{Last: true}
+		return HopPlan{Last: true}
 	}
 	d := l.Levels[i]
-	return Hop{Delay: d, Level: i + 1, Last: remaining-d < l.Levels[0]}
+	return HopPlan{Delay: d, Level: i + 1, Last: remaining-d < l.Levels[0]}
 }
 
 // MaxHops bounds the number of publishes Plan chains for a remainder r,

@@ -25,20 +25,20 @@ func TestLimitsPlan(t *testing.T) {
 		name   string
 		limits broker.Limits
 		in     time.Duration
-		want   broker.Hop
+		want   broker.HopPlan
 	}{
-		{"past due delivers now", timer, -time.Minute, broker.Hop{Last: true}},
-		{"due now delivers now", timer, 0, broker.Hop{Last: true}},
-		{"within the hop limit is one last hop", timer, 90 * time.Minute, broker.Hop{Delay: 90 * time.Minute, Last: true}},
-		{"exactly the hop limit is one last hop", timer, 3 * time.Hour, broker.Hop{Delay: 3 * time.Hour, Last: true}},
-		{"beyond the hop limit hops at the limit", timer, 7 * time.Hour, broker.Hop{Delay: 3 * time.Hour}},
-		{"no limit is always one hop", broker.Limits{}, 9000 * time.Hour, broker.Hop{Delay: 9000 * time.Hour, Last: true}},
-		{"level rounds down", levels, 7 * time.Minute, broker.Hop{Delay: 7 * time.Minute, Level: 11, Last: true}},
-		{"level rounds down and leaves a remainder to hop", levels, 15 * time.Minute, broker.Hop{Delay: 10 * time.Minute, Level: 14}},
-		{"remainder under the smallest level is last", levels, 5*time.Second + 900*time.Millisecond, broker.Hop{Delay: 5 * time.Second, Level: 2, Last: true}},
-		{"under the smallest level delivers now", levels, 999 * time.Millisecond, broker.Hop{Last: true}},
-		{"past the last level takes the last level", levels, 30 * time.Hour, broker.Hop{Delay: 2 * time.Hour, Level: 18}},
-		{"MaxHop caps the levels", broker.Limits{Levels: rocketLevels, MaxHop: 45 * time.Minute}, 3 * time.Hour, broker.Hop{Delay: 30 * time.Minute, Level: 16}},
+		{"past due delivers now", timer, -time.Minute, broker.HopPlan{Last: true}},
+		{"due now delivers now", timer, 0, broker.HopPlan{Last: true}},
+		{"within the hop limit is one last hop", timer, 90 * time.Minute, broker.HopPlan{Delay: 90 * time.Minute, Last: true}},
+		{"exactly the hop limit is one last hop", timer, 3 * time.Hour, broker.HopPlan{Delay: 3 * time.Hour, Last: true}},
+		{"beyond the hop limit hops at the limit", timer, 7 * time.Hour, broker.HopPlan{Delay: 3 * time.Hour}},
+		{"no limit is always one hop", broker.Limits{}, 9000 * time.Hour, broker.HopPlan{Delay: 9000 * time.Hour, Last: true}},
+		{"level rounds down", levels, 7 * time.Minute, broker.HopPlan{Delay: 7 * time.Minute, Level: 11, Last: true}},
+		{"level rounds down and leaves a remainder to hop", levels, 15 * time.Minute, broker.HopPlan{Delay: 10 * time.Minute, Level: 14}},
+		{"remainder under the smallest level is last", levels, 5*time.Second + 900*time.Millisecond, broker.HopPlan{Delay: 5 * time.Second, Level: 2, Last: true}},
+		{"under the smallest level delivers now", levels, 999 * time.Millisecond, broker.HopPlan{Last: true}},
+		{"past the last level takes the last level", levels, 30 * time.Hour, broker.HopPlan{Delay: 2 * time.Hour, Level: 18}},
+		{"MaxHop caps the levels", broker.Limits{Levels: rocketLevels, MaxHop: 45 * time.Minute}, 3 * time.Hour, broker.HopPlan{Delay: 30 * time.Minute, Level: 16}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -70,7 +70,7 @@ func TestLimitsValidate_RejectsUnusableLimits(t *testing.T) {
 
 // chain walks Plan the way a message travels: publish, wait the hop's delay,
 // plan again, until the planner says the hop was the last.
-func chain(l broker.Limits, now, due time.Time) (hops []broker.Hop, arrive time.Time) {
+func chain(l broker.Limits, now, due time.Time) (hops []broker.HopPlan, arrive time.Time) {
 	for {
 		h := l.Plan(now, due)
 		hops = append(hops, h)
@@ -87,7 +87,7 @@ func checkChain(t *testing.T, l broker.Limits, remaining time.Duration) {
 	due := now.Add(remaining)
 	hops, arrive := chain(l, now, due)
 	if remaining <= 0 {
-		if len(hops) != 1 || hops[0] != (broker.Hop{Last: true}) {
+		if len(hops) != 1 || hops[0] != (broker.HopPlan{Last: true}) {
 			t.Fatalf("limits %+v, due %v ago: hops %v, want one immediate last hop", l, -remaining, hops)
 		}
 		return

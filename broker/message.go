@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // Size limits for what a Message may carry. They are far above what a task
@@ -19,7 +21,7 @@ const (
 	// MaxTraceLen is the longest trace context, in bytes.
 	MaxTraceLen = 512
 	// MaxHeaderBytes bounds the free headers of one message as they travel:
-	// for each header its name with the envelope prefix (HeaderFreePrefix),
+	// for each header its name with the envelope prefix (wire.HeaderFreePrefix),
 	// its value and two separator bytes (see HeaderBytes). With the envelope
 	// this stays under the 32 KiB RocketMQ allows for all properties.
 	MaxHeaderBytes = 16 << 10
@@ -34,7 +36,7 @@ const separators = "\x01\x02"
 // HeaderBytes is what one free header counts against MaxHeaderBytes: what
 // it takes on the wire in the most compact broker format.
 func HeaderBytes(name, value string) int {
-	return len(HeaderFreePrefix) + len(name) + len(value) + 2
+	return len(wire.HeaderFreePrefix) + len(name) + len(value) + 2
 }
 
 // Message is one delayed task on its way through a broker. The adapters carry

@@ -325,7 +325,7 @@ func TestFlow_PayRaceNeverCancelsAPaidOrder(t *testing.T) {
 		}
 		// Wait for every published message to reach Handle, those of paid
 		// orders included: they are the ones Handle must skip.
-		infos := make(map[string]*outbox.Info, n)
+		infos := make(map[string]*outbox.TaskInfo, n)
 		for i := range n {
 			id := fmt.Sprintf("p-%d", i)
 			if !testutil.Eventually(time.Until(deadline), 50*time.Millisecond, func() bool {

@@ -17,6 +17,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
+	"github.com/delaybridge/delaybridge/internal/wire"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -75,7 +76,7 @@ func rabbitForgeTarget(t *testing.T, victim string) forgeTarget {
 			// to write it: one header, the fields as a URL query.
 			env := url.Values{}
 			for k, v := range broker.Encode(m) {
-				env.Set(strings.TrimPrefix(k, broker.HeaderPrefix), v)
+				env.Set(strings.TrimPrefix(k, wire.HeaderPrefix), v)
 			}
 			h := amqp.Table{"delaybridge-env": env.Encode()}
 			if err := ch.Publish("", cfg.Prefix+".q."+victim, false, false, amqp.Publishing{Headers: h, Body: m.Payload, DeliveryMode: amqp.Persistent}); err != nil {

@@ -7,13 +7,13 @@ import (
 )
 
 // ListDead returns up to limit dead tasks, oldest due first.
-func ListDead(ctx context.Context, q Querier, limit int) ([]*Info, error) {
+func ListDead(ctx context.Context, q Querier, limit int) ([]*TaskInfo, error) {
 	rows, err := q.QueryContext(ctx, selectInfo+" WHERE state = 'dead' ORDER BY due_ms LIMIT ?", limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead: %w", err)
 	}
 	defer rows.Close()
-	var out []*Info
+	var out []*TaskInfo
 	for rows.Next() {
 		i, err := scanInfo(rows)
 		if err != nil {

@@ -103,7 +103,7 @@ func TestRoundTrip_MetacharactersAndLargestPayloadsArriveUnharmed(t *testing.T) 
 
 			var mu sync.Mutex
 			seen := map[string][]*broker.Message{}
-			h := outbox.Handler(b.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+			h := outbox.BrokerHandler(b.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 				mu.Lock()
 				seen[m.Key] = append(seen[m.Key], m)
 				mu.Unlock()

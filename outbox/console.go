@@ -47,7 +47,7 @@ type SearchQuery struct {
 // SearchPage is one page of a search.
 type SearchPage struct {
 	// Tasks hold the rows without payload and headers.
-	Tasks []*Info
+	Tasks []*TaskInfo
 	// Next continues the search after the last task; empty on the last page.
 	Next string
 	// Index names the index the search walks, for the curious.
@@ -183,7 +183,7 @@ func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 	if s.State != "" {
 		states = []State{s.State}
 	}
-	var all []*Info
+	var all []*TaskInfo
 	for _, st := range states {
 		where := []string{"state = ?"}
 		args := []any{string(st)}
@@ -200,7 +200,7 @@ func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 		}
 		all = append(all, rows...)
 	}
-	slices.SortFunc(all, func(a, b *Info) int {
+	slices.SortFunc(all, func(a, b *TaskInfo) int {
 		if c := a.Task.DueAt.Compare(b.Task.DueAt); c != 0 {
 			return c
 		}
@@ -249,13 +249,13 @@ func prefixEnd(p []byte) ([]byte, bool) {
 	return nil, false
 }
 
-func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*Info, error) {
+func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*TaskInfo, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: search: %w", err)
 	}
 	defer rows.Close()
-	var out []*Info
+	var out []*TaskInfo
 	for rows.Next() {
 		i, err := scanInfo(rows)
 		if err != nil {
@@ -269,10 +269,10 @@ func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*In
 	return out, nil
 }
 
-// Detail is a task row with the columns Info leaves out, for the console's
+// Detail is a task row with the columns TaskInfo leaves out, for the console's
 // task page.
 type Detail struct {
-	Info
+	TaskInfo
 	// Attempts is the handler attempt the consumer last recorded.
 	Attempts int
 	// LeaseOwner is the relay or scanner claim holding the row, 0 for none.
@@ -293,7 +293,7 @@ func GetByID(ctx context.Context, q Querier, id int64) (*Detail, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read task %d: %w", id, err)
 	}
-	d := &Detail{Info: *info, PayloadBytes: len(info.Task.Payload)}
+	d := &Detail{TaskInfo: *info, PayloadBytes: len(info.Task.Payload)}
 	var next int64
 	err = q.QueryRowContext(ctx, "SELECT attempts, lease_owner, next_attempt_ms FROM delay_task WHERE id = ?", id).Scan(&d.Attempts, &d.LeaseOwner, &next)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -394,7 +394,7 @@ WHERE state = 'done' AND due_ms >= ? AND due_ms < ? AND done_ms <> 0 ORDER BY du
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("outbox: lateness series: %w", err)
 		}
-		out[b] = Summarize(ms)
+		out[b] = summarize(ms)
 	}
 	return out, nil
 }

@@ -121,7 +121,7 @@ func searchShapes(base time.Time) []struct {
 }
 
 // matches is the reference filter: what a shape's query must return.
-func matches(q outbox.SearchQuery, i *outbox.Info) bool {
+func matches(q outbox.SearchQuery, i *outbox.TaskInfo) bool {
 	return (q.Topic == "" || i.Task.Topic == q.Topic) &&
 		strings.HasPrefix(i.Task.Key, q.KeyPrefix) &&
 		(q.State == "" || i.State == q.State) &&
@@ -171,7 +171,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reference: every row, read page by page with the largest limit.
-	var every []*outbox.Info
+	var every []*outbox.TaskInfo
 	for page := all; ; {
 		every = append(every, page.Tasks...)
 		if page.Next == "" {
@@ -191,7 +191,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 				want = append(want, i.ID)
 			}
 		}
-		var got []*outbox.Info
+		var got []*outbox.TaskInfo
 		q := sh.q
 		q.Limit = 7
 		for pages := 0; ; pages++ {
@@ -230,7 +230,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 }
 
 // inOrder reports whether a comes before b in the order index serves.
-func inOrder(index string, a, b *outbox.Info) bool {
+func inOrder(index string, a, b *outbox.TaskInfo) bool {
 	switch index {
 	case "uk_delay_task_topic_key":
 		return a.Task.Key < b.Task.Key

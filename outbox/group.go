@@ -227,8 +227,8 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 }
 
 // Group returns the broker.GroupHandler that runs fn for a group of due
-// messages through HandleGroup: the same fn Handler runs one at a time,
-// with skipped messages reported as Handler reports them.
+// messages through HandleGroup: the same fn BrokerHandler runs one at a time,
+// with skipped messages reported as BrokerHandler reports them.
 func Group(db *sql.DB, fn HandlerFunc) broker.GroupHandler {
 	return func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
 		outcomes, errs, err := HandleGroup(ctx, db, msgs, fn)
@@ -264,5 +264,5 @@ func NewConsumer(db *sql.DB, sub broker.Subscriber, pub broker.Publisher, fn Han
 	if cfg.OnRetry == nil {
 		cfg.OnRetry = RecordRetry(db)
 	}
-	return broker.NewConsumer(sub, pub, Handler(db, fn), cfg)
+	return broker.NewConsumer(sub, pub, BrokerHandler(db, fn), cfg)
 }

@@ -142,11 +142,11 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 	return Handled, nil
 }
 
-// Handler adapts fn into a broker.Handler that runs it through Handle, so
+// BrokerHandler adapts fn into a broker.Handler that runs it through Handle, so
 // the consumer runtime acks only after the commit and skips what is no
 // longer wanted. A skipped message returns a broker.Skip error naming why
 // (Outcome.SkipReason), which the runtime acks and reports as skipped.
-func Handler(db *sql.DB, fn HandlerFunc) broker.Handler {
+func BrokerHandler(db *sql.DB, fn HandlerFunc) broker.Handler {
 	return func(ctx context.Context, m *broker.Message) error {
 		o, err := Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
 		if err != nil {

@@ -244,7 +244,7 @@ func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
 	defer cancel()
 	relay := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: 5 * time.Millisecond, IdleMax: 20 * time.Millisecond})
 	go func() { _ = relay.Run(ctx) }()
-	c, err := broker.NewConsumer(mem, mem, outbox.Handler(b.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+	c, err := broker.NewConsumer(mem, mem, outbox.BrokerHandler(b.db, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		if time.Now().Before(m.DeliverAt) {
 			t.Errorf("%s handled early", m.Key)
 		}

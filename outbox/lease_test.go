@@ -8,6 +8,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -93,8 +94,8 @@ func TestRelay_ExpiredClaimCannotOverwriteTheNextOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: time.Now()})
-	claim := func(owner int64, now time.Time) []outbox.Claimed {
-		c, err := outbox.ClaimLeased(b.ctx, b.db, outbox.ClaimSpec{State: outbox.StatePending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+	claim := func(owner int64, now time.Time) []store.Claimed {
+		c, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
 			PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
 		if err != nil || len(c) != 1 {
 			t.Fatalf("claim by %d: %d rows, %v", owner, len(c), err)
@@ -105,10 +106,10 @@ func TestRelay_ExpiredClaimCannotOverwriteTheNextOwner(t *testing.T) {
 	next := claim(2, time.Now().Add(2*time.Minute))
 	// The hung relay wakes up and records a failure; the next owner then
 	// records its confirm.
-	if n, err := outbox.MarkFailed(b.ctx, b.db, 1, outbox.StatePending, hung, time.Now().UnixMilli(), time.Hour, time.Hour, 0, "publish failed: late"); err != nil || n != 0 {
+	if n, err := store.MarkFailed(b.ctx, b.db, 1, store.Pending, hung, time.Now().UnixMilli(), time.Hour, time.Hour, 0, "publish failed: late"); err != nil || n != 0 {
 		t.Fatalf("the expired claim changed %d rows (%v), want 0", n, err)
 	}
-	if n, err := outbox.MarkPublished(b.ctx, b.db, 2, outbox.StatePending, next, time.Now().UnixMilli()); err != nil || n != 1 {
+	if n, err := store.MarkPublished(b.ctx, b.db, 2, store.Pending, next, time.Now().UnixMilli()); err != nil || n != 1 {
 		t.Fatalf("the current owner marked %d rows (%v), want 1", n, err)
 	}
 	if info, _ := outbox.Get(b.ctx, b.db, "lease", "k"); info.State != outbox.StatePublished || info.LastError != "" {

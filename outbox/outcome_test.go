@@ -48,7 +48,7 @@ func (l *outcomeLog) sorted() (string, int) {
 
 // TestConsumer_OutcomesTellAppliedSkippedRetriedAndDeadApart runs one task
 // of each kind through the runtime on the real database, one at a time
-// (Handler) and grouped (NewConsumer), and checks the hooks name each
+// (BrokerHandler) and grouped (NewConsumer), and checks the hooks name each
 // outcome, and that Handled counts only the applied.
 func TestConsumer_OutcomesTellAppliedSkippedRetriedAndDeadApart(t *testing.T) {
 	t.Parallel()
@@ -85,7 +85,7 @@ func TestConsumer_OutcomesTellAppliedSkippedRetriedAndDeadApart(t *testing.T) {
 			if grouped {
 				c, err = outbox.NewConsumer(b.db, mem, mem, fn, cfg)
 			} else {
-				c, err = broker.NewConsumer(mem, mem, outbox.Handler(b.db, fn), cfg)
+				c, err = broker.NewConsumer(mem, mem, outbox.BrokerHandler(b.db, fn), cfg)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -123,7 +123,7 @@ func TestHandler_ReturnsASkipNamingTheReason(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	msg := b.order(t, "o1", time.Now().Add(-time.Second))
-	h := outbox.Handler(b.db, cancelOne)
+	h := outbox.BrokerHandler(b.db, cancelOne)
 	if err := h(b.ctx, msg); err != nil {
 		t.Fatalf("first run: %v", err)
 	}

@@ -12,13 +12,13 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // RelayConfig configures a Relay. Every zero value means the default stated.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes. Default 1000: on the
-	// 2-core test machine 4 workers × 1000 relayed 18.8–20.6k tasks/s to
-	// RabbitMQ where 4 × 500 did 11.9–17.4k (BENCHMARKS.md).
+	// BatchSize is how many rows one claim takes. Default 1000: larger
+	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
 	BatchSize int
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
 	// batches apart. Default 4.
@@ -348,9 +348,9 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if r.cfg.Lookahead > 0 {
 		limit = now.Add(r.cfg.Lookahead).UnixMilli()
 	}
-	owner := NewLeaseOwner()
-	batch, err := ClaimLeased(ctx, r.db, ClaimSpec{
-		State: StatePending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
+	owner := store.NewLeaseOwner()
+	batch, err := store.ClaimLeased(ctx, r.db, store.ClaimSpec{
+		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
 		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
 	})
 	if err != nil {
@@ -366,7 +366,7 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	claimed := len(batch)
 	batch, invalid := splitInvalid(batch)
 	for reason, rows := range invalid {
-		if _, err := MarkDead(ctx, r.db, owner, StatePending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
+		if _, err := store.MarkDead(ctx, r.db, owner, store.Pending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
 			return claimed, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err)
 		}
 		r.cfg.Logger.Error("delaybridge relay: a row no broker can carry; marked dead", "rows", len(rows), "reason", reason)
@@ -397,28 +397,28 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer rcancel()
 	results := broker.PublishResults(perr, len(batch))
-	ok, failed, dead := SplitResults(batch, results)
+	ok, failed, dead := store.SplitResults(batch, results)
 	stamp := r.cfg.Now().UnixMilli()
 	var errs []error
 	// A row a consumer finished (or a payment cancelled) before this mark
 	// stays as they left it; the broker confirmed its message all the same.
-	if _, err := MarkPublished(rctx, r.db, owner, StatePending, ok, stamp); err != nil {
+	if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {
 		errs = append(errs, fmt.Errorf("mark published: %w", err))
 	}
 	for reason, rows := range byReason(dead, batch, results, "publish rejected: ") {
-		if _, err := MarkDead(rctx, r.db, owner, StatePending, rows, stamp, reason); err != nil {
+		if _, err := store.MarkDead(rctx, r.db, owner, store.Pending, rows, stamp, reason); err != nil {
 			errs = append(errs, fmt.Errorf("mark dead: %w", err))
 		}
 	}
 	if stopping {
 		// Shutting down: the broker may never have seen these; give them
 		// back untouched rather than count a failure that was ours.
-		if _, err := Release(rctx, r.db, owner, StatePending, failed); err != nil {
+		if _, err := store.Release(rctx, r.db, owner, store.Pending, failed); err != nil {
 			errs = append(errs, fmt.Errorf("release: %w", err))
 		}
 	} else {
 		for reason, rows := range byReason(failed, batch, results, "publish failed: ") {
-			if _, err := MarkFailed(rctx, r.db, owner, StatePending, rows, stamp, r.cfg.RetryInitial, r.cfg.RetryMax, 0, reason); err != nil {
+			if _, err := store.MarkFailed(rctx, r.db, owner, store.Pending, rows, stamp, r.cfg.RetryInitial, r.cfg.RetryMax, 0, reason); err != nil {
 				errs = append(errs, fmt.Errorf("record failure: %w", err))
 			}
 		}
@@ -455,12 +455,12 @@ const recordTimeout = 10 * time.Second
 
 // splitInvalid takes out of batch the rows whose message fails Validate,
 // grouped by the reason.
-func splitInvalid(batch []Claimed) (valid []Claimed, invalid map[string][]Claimed) {
+func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[string][]store.Claimed) {
 	valid = batch[:0:0]
 	for _, c := range batch {
 		if err := c.Message.Validate(); err != nil {
 			if invalid == nil {
-				invalid = map[string][]Claimed{}
+				invalid = map[string][]store.Claimed{}
 			}
 			reason := "invalid row: " + err.Error()
 			invalid[reason] = append(invalid[reason], c)
@@ -473,7 +473,7 @@ func splitInvalid(batch []Claimed) (valid []Claimed, invalid map[string][]Claime
 
 // byReason groups rows of batch (a subset, sub) by the text of their
 // publish error, so one statement records each distinct reason.
-func byReason(sub, batch []Claimed, results []error, prefix string) map[string][]Claimed {
+func byReason(sub, batch []store.Claimed, results []error, prefix string) map[string][]store.Claimed {
 	if len(sub) == 0 {
 		return nil
 	}
@@ -481,7 +481,7 @@ func byReason(sub, batch []Claimed, results []error, prefix string) map[string][
 	for i, c := range batch {
 		idx[c.Message.TaskID] = i
 	}
-	out := map[string][]Claimed{}
+	out := map[string][]store.Claimed{}
 	for _, c := range sub {
 		reason := prefix + results[idx[c.Message.TaskID]].Error()
 		out[reason] = append(out[reason], c)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -157,8 +158,8 @@ func TestRelay_CrashMidBatchLeavesRowsPendingUntilTheLeaseExpires(t *testing.T) 
 	}
 	// A relay claims the rows and dies before it records anything.
 	now := time.Now()
-	claimed, err := outbox.ClaimLeased(b.ctx, b.db, outbox.ClaimSpec{State: outbox.StatePending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
-		PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: outbox.NewLeaseOwner(), LeaseUntil: now.Add(outbox.DefaultLease).UnixMilli()})
+	claimed, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: store.NewLeaseOwner(), LeaseUntil: now.Add(outbox.DefaultLease).UnixMilli()})
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("claim = %d rows, %v", len(claimed), err)
 	}

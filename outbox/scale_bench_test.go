@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -82,14 +83,14 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "schedule_p99_us")
 
 		start := time.Now()
-		owner := outbox.NewLeaseOwner()
+		owner := store.NewLeaseOwner()
 		now := time.Now()
-		claimed, err := outbox.ClaimLeased(ctx, db, outbox.ClaimSpec{State: outbox.StatePending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		claimed, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
 			PublishedAtMost: 1<<63 - 1, Limit: 1000, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
 		if err != nil || len(claimed) != 1000 {
 			b.Fatalf("claim: %d rows, %v", len(claimed), err)
 		}
-		if k, err := outbox.MarkPublished(ctx, db, owner, outbox.StatePending, claimed, now.UnixMilli()); err != nil || k != 1000 {
+		if k, err := store.MarkPublished(ctx, db, owner, store.Pending, claimed, now.UnixMilli()); err != nil || k != 1000 {
 			b.Fatalf("mark published: %d, %v", k, err)
 		}
 		b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "relay_us/task")

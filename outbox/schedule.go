@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -12,7 +11,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // Outbox writes and changes tasks under one Config. The package-level
@@ -40,7 +39,7 @@ func Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time
 }
 
 // Get reads a task. It returns ErrNotFound when there is none.
-func Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	return New(Config{}).Get(ctx, q, topic, key)
 }
 
@@ -58,7 +57,7 @@ func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error)
 	if err := o.cfg.validate(&t); err != nil {
 		return 0, err
 	}
-	headers, err := encodeHeaders(t.Headers)
+	headers, err := store.EncodeHeaders(t.Headers)
 	if err != nil {
 		return 0, err
 	}
@@ -110,7 +109,7 @@ func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) erro
 		if err := o.cfg.validate(&t); err != nil {
 			return fmt.Errorf("task %d: %w", i, err)
 		}
-		headers, err := encodeHeaders(t.Headers)
+		headers, err := store.EncodeHeaders(t.Headers)
 		if err != nil {
 			return fmt.Errorf("task %d: %w", i, err)
 		}
@@ -155,27 +154,6 @@ const (
 	scheduleManyRows  = 500
 	scheduleManyBytes = 4 << 20
 )
-
-// encodeHeaders returns h as the JSON the headers column holds, or nil for
-// no headers. It refuses headers whose JSON would not fit the column rather
-// than let a non-strict server cut them.
-func encodeHeaders(h map[string]string) (any, error) {
-	if len(h) == 0 {
-		return nil, nil
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // <, > and & as themselves: fewer bytes, same meaning
-	if err := enc.Encode(h); err != nil {
-		return nil, fmt.Errorf("outbox: encode headers: %w", err)
-	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	if len(b) > maxHeadersJSON {
-		return nil, fmt.Errorf("%w: headers take %d bytes as JSON, more than the %d the headers column holds (control characters take 6 bytes each)",
-			broker.ErrInvalidMessage, len(b), maxHeadersJSON)
-	}
-	return string(b), nil
-}
 
 // Cancel marks a pending, published or dead task cancelled, so its message,
 // if one is in flight, is skipped by Handle. Cancelling a cancelled task is
@@ -250,7 +228,7 @@ const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace,
   publish_attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // Get reads the task (topic, key), or returns ErrNotFound.
-func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*Info, error) {
+func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -261,9 +239,9 @@ func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*Info, 
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanInfo(s scanner) (*Info, error) {
+func scanInfo(s scanner) (*TaskInfo, error) {
 	var (
-		i                       Info
+		i                       TaskInfo
 		key                     []byte
 		dueMS, createdMS, updMS int64
 		headers, trace, lastErr sql.NullString

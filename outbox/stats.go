@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/delaybridge/delaybridge/internal/percentile"
 )
 
 // Stats is the operator's view of the outbox that `delaybridge status`
@@ -62,16 +64,8 @@ type Lateness struct {
 	Max   int64 `json:"max"`
 }
 
-// Summarize returns the percentiles of lateness samples in milliseconds.
-func Summarize(ms []int64) Lateness {
-	if len(ms) == 0 {
-		return Lateness{}
-	}
-	s := slices.Clone(ms)
-	slices.Sort(s)
-	at := func(p float64) int64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
-	return Lateness{Count: len(s), P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: s[len(s)-1]}
-}
+// summarize returns the percentiles of lateness samples in milliseconds.
+func summarize(ms []int64) Lateness { return Lateness(percentile.Summarize(ms)) }
 
 const (
 	// DefaultStatsInterval is how often a StatsRefresher recounts the
@@ -331,7 +325,7 @@ WHERE state = 'done' AND due_ms >= ? AND due_ms <= ? AND done_ms <> 0 ORDER BY d
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
-	st.Lateness = Summarize(samples)
+	st.Lateness = summarize(samples)
 	return nil
 }
 

@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // State is where a task is in its life: pending → published → done, or
@@ -59,8 +59,8 @@ type Task struct {
 	Trace string
 }
 
-// Info is a task row as Get returns it.
-type Info struct {
+// TaskInfo is a task row as Get returns it.
+type TaskInfo struct {
 	ID              int64
 	Task            Task
 	State           State
@@ -100,11 +100,6 @@ const (
 // the payload column (MEDIUMBLOB, 16 MiB) take more; a task must be able to
 // travel through either broker.
 const MaxPayloadCeiling = 4<<20 - 64<<10
-
-// maxHeadersJSON is what the headers column (TEXT) holds. JSON escapes a
-// control character as six bytes, so headers within MaxHeaderBytes can
-// still overflow it.
-const maxHeadersJSON = 65535
 
 func (c Config) withDefaults() Config {
 	if c.MaxPayload <= 0 {
@@ -165,9 +160,10 @@ func (c Config) validateDue(due time.Time) error {
 
 // truncate cuts s to at most n bytes without splitting a UTF-8 sequence, so
 // the result fits a VARCHAR in strict mode.
-func truncate(s string, n int) string {
-	if len(s) > n {
-		s = s[:n]
-	}
-	return strings.ToValidUTF8(s, "")
-}
+func truncate(s string, n int) string { return store.Truncate(s, n) }
+
+// chunks splits ids into slices small enough for one IN list, as []any.
+func chunks(ids []int64) [][]any { return store.Chunks(ids) }
+
+// inList returns "(?,?,…)" with n placeholders.
+func inList(n int) string { return store.InList(n) }

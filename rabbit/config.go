@@ -61,7 +61,7 @@ const (
 	AtLeastOnce DeadLettering = iota
 	// AtMostOnce lets each level's leader publish the expired message
 	// itself, unconfirmed: after a node is lost delivery resumes as soon as
-	// the new leaders are elected (1-4 s measured on a 3-node cluster). A
+	// the new leaders are elected (BENCHMARKS.md, RabbitMQ adapter). A
 	// message that expires into a queue whose leader is being elected, or
 	// into a full one, is dropped; its task is still published in the
 	// outbox, so the scanner publishes it again after its grace: late,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 func TestLadder_PassesBrokerConformanceSuite(t *testing.T) {
@@ -48,7 +49,7 @@ func wireTable(headers map[string]any) amqp.Table {
 	env := map[string]string{}
 	t := table(headers)
 	for k, v := range headers {
-		if s, ok := v.(string); ok && strings.HasPrefix(k, broker.HeaderPrefix) {
+		if s, ok := v.(string); ok && strings.HasPrefix(k, wire.HeaderPrefix) {
 			env[k] = s
 			delete(t, k)
 		}

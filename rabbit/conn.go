@@ -9,8 +9,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/delaybridge/delaybridge/broker"
 )
 
 // ErrConnectionLost reports a publish whose confirm never came because the
@@ -98,32 +96,4 @@ func closeQuietly(conn *amqp.Connection) {
 	if conn != nil && !conn.IsClosed() {
 		_ = conn.Close()
 	}
-}
-
-// PurgeTopic deletes every message waiting in topic's queue and returns how
-// many there were. Messages still on the ladder are not touched. It is for
-// benchmarks and tests that must start from an empty queue: what it deletes
-// is gone, never handled.
-func PurgeTopic(ctx context.Context, cfg Config, topic string) (int, error) {
-	if err := broker.ValidateTopic(topic); err != nil {
-		return 0, err
-	}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return 0, err
-	}
-	conn, err := dial(ctx, cfg, "purge")
-	if err != nil {
-		return 0, err
-	}
-	defer closeQuietly(conn)
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, fmt.Errorf("rabbit: purge %s: %w", topic, err)
-	}
-	n, err := ch.QueuePurge(topology{cfg: cfg}.topicQueue(topic), false)
-	if err != nil {
-		return 0, fmt.Errorf("rabbit: purge %s: %w", topic, err)
-	}
-	return n, nil
 }

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // isDeathHeader reports the headers RabbitMQ adds when it dead-letters a
@@ -41,11 +42,11 @@ func envelopeTable(m *broker.Message, extra int) amqp.Table {
 }
 
 // packEnvelope writes envelope headers, every name starting with
-// broker.HeaderPrefix, as envHeader's value.
+// wire.HeaderPrefix, as envHeader's value.
 func packEnvelope(h map[string]string) string {
 	q := make(url.Values, len(h))
 	for k, v := range h {
-		q[strings.TrimPrefix(k, broker.HeaderPrefix)] = []string{v}
+		q[strings.TrimPrefix(k, wire.HeaderPrefix)] = []string{v}
 	}
 	return q.Encode()
 }
@@ -67,14 +68,14 @@ func unpackEnvelope(v any, h map[string]string) error {
 	if err != nil {
 		return &broker.EnvelopeError{Header: envHeader, Reason: "not a URL query: " + err.Error()}
 	}
-	if _, ok := q[strings.TrimPrefix(broker.HeaderVersion, broker.HeaderPrefix)]; !ok {
+	if _, ok := q[strings.TrimPrefix(wire.HeaderVersion, wire.HeaderPrefix)]; !ok {
 		return &broker.EnvelopeError{Header: envHeader, Reason: "no envelope version field"}
 	}
 	for k, vs := range q {
 		if len(vs) != 1 {
 			return &broker.EnvelopeError{Header: envHeader, Reason: fmt.Sprintf("field %.64q given more than once", k)}
 		}
-		h[broker.HeaderPrefix+k] = vs[0]
+		h[wire.HeaderPrefix+k] = vs[0]
 	}
 	return nil
 }
@@ -92,7 +93,7 @@ func fromTable(t amqp.Table) (map[string]string, error) {
 		if isDeathHeader(k) || strings.HasPrefix(k, "dlbl-") || k == envHeader {
 			continue
 		}
-		if strings.HasPrefix(k, broker.HeaderPrefix) {
+		if strings.HasPrefix(k, wire.HeaderPrefix) {
 			if bad == nil {
 				bad = &broker.EnvelopeError{Header: k, Reason: "an envelope field sent as its own AMQP header; the envelope travels only in " + envHeader}
 			}

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // fieldValue makes an AMQP field value of one of the types a foreign
@@ -44,11 +45,11 @@ func fieldValue(kind uint8, s string, n int64, f float64, bs []byte) any {
 // next to a good envelope, through fromTable and Decode: they never panic,
 // refuse only with typed errors, and what decodes is a valid message.
 func FuzzFromTable(f *testing.F) {
-	f.Add(broker.HeaderDeliverAt, uint8(1), "", int64(1_700_000_000_000), 0.0, []byte(nil))
-	f.Add(broker.HeaderKey, uint8(5), "", int64(0), 0.0, []byte("o\xff1"))
-	f.Add(broker.HeaderKey, uint8(0), "other", int64(0), 0.0, []byte(nil))
+	f.Add(wire.HeaderDeliverAt, uint8(1), "", int64(1_700_000_000_000), 0.0, []byte(nil))
+	f.Add(wire.HeaderKey, uint8(5), "", int64(0), 0.0, []byte("o\xff1"))
+	f.Add(wire.HeaderKey, uint8(0), "other", int64(0), 0.0, []byte(nil))
 	f.Add("x-death", uint8(7), "q", int64(1), 0.0, []byte(nil))
-	f.Add(broker.HeaderFreePrefix+"t", uint8(0), "\x01", int64(0), 0.0, []byte(nil))
+	f.Add(wire.HeaderFreePrefix+"t", uint8(0), "\x01", int64(0), 0.0, []byte(nil))
 	f.Add("x-n", uint8(9), "", int64(3), 1.5, []byte{0})
 	f.Add(envHeader, uint8(0), "v=1&topic=t&key=k&deliver-at=1&hop=0&attempt=0&gen=0", int64(0), 0.0, []byte(nil))
 	f.Add(envHeader, uint8(0), "v=1&v=1;%zz", int64(0), 0.0, []byte(nil))
@@ -61,12 +62,12 @@ func FuzzFromTable(f *testing.F) {
 		h, err := fromTable(tab)
 		if err != nil {
 			var ee *broker.EnvelopeError
-			if !errors.As(err, &ee) || !strings.HasPrefix(name, broker.HeaderPrefix) {
+			if !errors.As(err, &ee) || !strings.HasPrefix(name, wire.HeaderPrefix) {
 				t.Fatalf("fromTable refused %q = %#v with %v", name, v, err)
 			}
 			return
 		}
-		if strings.HasPrefix(name, broker.HeaderPrefix) && name != envHeader {
+		if strings.HasPrefix(name, wire.HeaderPrefix) && name != envHeader {
 			t.Fatalf("fromTable took the envelope field %q = %#v as its own header", name, v)
 		}
 		for k := range h {
@@ -124,12 +125,12 @@ func TestEnvelope_FieldAsItsOwnHeaderIsEnvelopeError(t *testing.T) {
 	}
 	for name, tab := range map[string]amqp.Table{
 		"one header per field": split,
-		"next to the packed":   {envHeader: envelopeTable(m, 0)[envHeader], broker.HeaderKey: "other"},
-		"free header":          {envHeader: envelopeTable(m, 0)[envHeader], broker.HeaderFreePrefix + "tenant": "eu"},
+		"next to the packed":   {envHeader: envelopeTable(m, 0)[envHeader], wire.HeaderKey: "other"},
+		"free header":          {envHeader: envelopeTable(m, 0)[envHeader], wire.HeaderFreePrefix + "tenant": "eu"},
 	} {
 		h, err := fromTable(tab)
 		var ee *broker.EnvelopeError
-		if !errors.As(err, &ee) || !strings.HasPrefix(ee.Header, broker.HeaderPrefix) || ee.Header == envHeader || tab[ee.Header] == nil {
+		if !errors.As(err, &ee) || !strings.HasPrefix(ee.Header, wire.HeaderPrefix) || ee.Header == envHeader || tab[ee.Header] == nil {
 			t.Errorf("%s: fromTable = %v, %v; want an EnvelopeError naming a stray header", name, h, err)
 		}
 	}
@@ -172,10 +173,10 @@ func TestEnvelopeTable_PublishesNoDeathHeaders(t *testing.T) {
 }
 
 func TestFromTable_NonStringEnvelopeHeaderIsMalformed(t *testing.T) {
-	_, err := fromTable(amqp.Table{broker.HeaderKey: int64(4), "x-death": []any{amqp.Table{"count": int64(1)}}})
+	_, err := fromTable(amqp.Table{wire.HeaderKey: int64(4), "x-death": []any{amqp.Table{"count": int64(1)}}})
 	var ee *broker.EnvelopeError
-	if !errors.As(err, &ee) || ee.Header != broker.HeaderKey {
-		t.Fatalf("err = %v, want an EnvelopeError on %s", err, broker.HeaderKey)
+	if !errors.As(err, &ee) || ee.Header != wire.HeaderKey {
+		t.Fatalf("err = %v, want an EnvelopeError on %s", err, wire.HeaderKey)
 	}
 	h, err := fromTable(amqp.Table{"n": int32(3), "x-death": []any{}, "x-first-death-queue": "q", "dlbl-0": "1"})
 	if err != nil || h["n"] != "3" || len(h) != 1 {

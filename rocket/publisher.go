@@ -298,7 +298,7 @@ const (
 
 // setHop adds the delay property of hop to props: TIMER_DELAY_MS in timer
 // mode, DELAY in level mode, nothing for a hop without delay.
-func setHop(props map[string]string, hop broker.Hop) {
+func setHop(props map[string]string, hop broker.HopPlan) {
 	switch {
 	case hop.Level > 0:
 		props[propDelayLevel] = fmt.Sprint(hop.Level)

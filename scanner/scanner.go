@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -246,7 +247,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 // counts from the latest of the due time, the last publish and the next
 // attempt a consumer retry recorded, so a task the relay published late or
 // one waiting out a retry backoff is not rescued early. The claim leases
-// the rows and commits before anything is published (outbox.ClaimLeased);
+// the rows and commits before anything is published (store.ClaimLeased);
 // the re-publish has PublishTimeout. A confirmed rescue is counted on the
 // row, and the next rescue of it waits Grace, then twice as long after
 // each, up to an hour. A failed re-publish backs off per row too, so rows
@@ -262,9 +263,9 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	}
 	now := s.cfg.Now()
 	cut := now.Add(-s.cfg.Grace).UnixMilli() - 1
-	owner := outbox.NewLeaseOwner()
-	claimed, err := outbox.ClaimLeased(ctx, s.db, outbox.ClaimSpec{
-		State: outbox.StatePublished, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut,
+	owner := store.NewLeaseOwner()
+	claimed, err := store.ClaimLeased(ctx, s.db, store.ClaimSpec{
+		State: store.Published, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut,
 		Limit: s.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(s.cfg.Lease).UnixMilli(), MaxBytes: outbox.DefaultMaxBatchBytes,
 	})
 	if err != nil {
@@ -285,26 +286,26 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer rcancel()
 	stamp := s.cfg.Now().UnixMilli()
-	ok, failed, dead := outbox.SplitResults(claimed, results)
+	ok, failed, dead := store.SplitResults(claimed, results)
 	var errs []error
 	rescued := len(ok)
-	if _, err := outbox.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour); err != nil {
+	if _, err := store.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour); err != nil {
 		errs = append(errs, err)
 	}
 	if len(dead) > 0 {
 		s.cfg.Logger.Error("delaybridge scanner: broker refused a re-publish for good; marked dead", "rows", len(dead), "err", perr)
-		if _, err := outbox.MarkDead(rctx, s.db, owner, outbox.StatePublished, dead, stamp, "rescue rejected: "+firstErr(results)); err != nil {
+		if _, err := store.MarkDead(rctx, s.db, owner, store.Published, dead, stamp, "rescue rejected: "+firstErr(results)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(failed) > 0 {
 		if stopping {
-			_, err = outbox.Release(rctx, s.db, owner, outbox.StatePublished, failed)
+			_, err = store.Release(rctx, s.db, owner, store.Published, failed)
 		} else {
 			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; those rows back off", "rows", len(failed), "err", perr)
 			// The claim compares next_attempt_ms with now - Grace, so the
 			// backoff is stored less Grace to wait what it says.
-			_, err = outbox.MarkFailed(rctx, s.db, owner, outbox.StatePublished, failed, stamp, s.cfg.RetryInitial, s.cfg.RetryMax, s.cfg.Grace, "rescue failed: "+firstErr(results))
+			_, err = store.MarkFailed(rctx, s.db, owner, store.Published, failed, stamp, s.cfg.RetryInitial, s.cfg.RetryMax, s.cfg.Grace, "rescue failed: "+firstErr(results))
 		}
 		if err != nil {
 			errs = append(errs, err)

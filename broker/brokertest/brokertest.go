@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // Features says what the adapter under test can do and how precise it is.
@@ -328,7 +329,7 @@ func testMalformed(t *testing.T, h Harness) {
 	publishRaw(t, h, topic, map[string]string{"foreign": "yes"}, []byte("not ours"))
 	// An envelope whose due time is not a number, and one due in 9999.
 	bad := broker.Encode(message(topic, "bad-due", time.Now()))
-	bad[broker.HeaderDeliverAt] = "tomorrow"
+	bad[wire.HeaderDeliverAt] = "tomorrow"
 	publishRaw(t, h, topic, bad, []byte("x"))
 	far := broker.Encode(message(topic, "year-9999", time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)))
 	publishRaw(t, h, topic, far, []byte("x"))
@@ -345,10 +346,10 @@ func testMalformed(t *testing.T, h Harness) {
 	for _, reason := range r.malformedReasons {
 		noEnvelope = noEnvelope || errors.Is(reason, broker.ErrNoEnvelope)
 		var ee *broker.EnvelopeError
-		badDue = badDue || (errors.As(reason, &ee) && ee.Header == broker.HeaderDeliverAt)
+		badDue = badDue || (errors.As(reason, &ee) && ee.Header == wire.HeaderDeliverAt)
 	}
 	if !noEnvelope || !badDue {
-		t.Errorf("dead reasons %v: want one ErrNoEnvelope and one EnvelopeError naming %s", r.malformedReasons, broker.HeaderDeliverAt)
+		t.Errorf("dead reasons %v: want one ErrNoEnvelope and one EnvelopeError naming %s", r.malformedReasons, wire.HeaderDeliverAt)
 	}
 }
 

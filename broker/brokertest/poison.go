@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/wire"
 )
 
 // foreignCase is one message a foreign producer puts on a consumer's queue.
@@ -58,30 +59,30 @@ func foreignCases(topic string) []foreignCase {
 		{name: "no-envelope", headers: map[string]string{"content-type": "text/plain"}, reason: "no delaybridge envelope"},
 		{name: "no-envelope-64KiB-header", headers: map[string]string{"x-big": big}, reason: "no delaybridge envelope"},
 		{name: "no-envelope-500-headers", headers: many("x-", 500), reason: "no delaybridge envelope"},
-		{name: "version-2", headers: envelope("version-2", func(h map[string]string) { h[broker.HeaderVersion] = "2" }), reason: broker.HeaderVersion},
-		{name: "due-abc", headers: envelope("due-abc", func(h map[string]string) { h[broker.HeaderDeliverAt] = "abc" }), reason: broker.HeaderDeliverAt},
-		{name: "due-overflows", headers: envelope("due-overflows", func(h map[string]string) { h[broker.HeaderDeliverAt] = "99999999999999999999" }), reason: broker.HeaderDeliverAt},
-		{name: "hop-negative", headers: envelope("hop-negative", func(h map[string]string) { h[broker.HeaderHop] = "-1" }), reason: broker.HeaderHop},
-		{name: "key-missing", headers: envelope("key-missing", func(h map[string]string) { delete(h, broker.HeaderKey) }), reason: broker.HeaderKey},
-		{name: "topic-with-a-dot", headers: envelope("topic-with-a-dot", func(h map[string]string) { h[broker.HeaderTopic] = "a.b" }), reason: broker.HeaderTopic},
-		{name: "trace-1KiB", headers: envelope("trace-1KiB", func(h map[string]string) { h[broker.HeaderTrace] = strings.Repeat("t", 1024) }), reason: broker.HeaderTrace},
-		{name: "free-header-64KiB", headers: envelope("free-header-64KiB", func(h map[string]string) { h[broker.HeaderFreePrefix+"big"] = big }), reason: "free headers exceed"},
+		{name: "version-2", headers: envelope("version-2", func(h map[string]string) { h[wire.HeaderVersion] = "2" }), reason: wire.HeaderVersion},
+		{name: "due-abc", headers: envelope("due-abc", func(h map[string]string) { h[wire.HeaderDeliverAt] = "abc" }), reason: wire.HeaderDeliverAt},
+		{name: "due-overflows", headers: envelope("due-overflows", func(h map[string]string) { h[wire.HeaderDeliverAt] = "99999999999999999999" }), reason: wire.HeaderDeliverAt},
+		{name: "hop-negative", headers: envelope("hop-negative", func(h map[string]string) { h[wire.HeaderHop] = "-1" }), reason: wire.HeaderHop},
+		{name: "key-missing", headers: envelope("key-missing", func(h map[string]string) { delete(h, wire.HeaderKey) }), reason: wire.HeaderKey},
+		{name: "topic-with-a-dot", headers: envelope("topic-with-a-dot", func(h map[string]string) { h[wire.HeaderTopic] = "a.b" }), reason: wire.HeaderTopic},
+		{name: "trace-1KiB", headers: envelope("trace-1KiB", func(h map[string]string) { h[wire.HeaderTrace] = strings.Repeat("t", 1024) }), reason: wire.HeaderTrace},
+		{name: "free-header-64KiB", headers: envelope("free-header-64KiB", func(h map[string]string) { h[wire.HeaderFreePrefix+"big"] = big }), reason: "free headers exceed"},
 		{name: "free-headers-1000", headers: envelope("free-headers-1000", func(h map[string]string) {
-			for k, v := range many(broker.HeaderFreePrefix, 1000) {
+			for k, v := range many(wire.HeaderFreePrefix, 1000) {
 				h[k] = v
 			}
 		}), reason: "free headers exceed"},
-		{name: "key-not-utf8", headers: envelope("key-not-utf8", func(h map[string]string) { h[broker.HeaderKey] = "o\xff1" }), reason: broker.HeaderKey, badUTF8: true},
-		{name: "free-header-not-utf8", headers: envelope("free-header-not-utf8", func(h map[string]string) { h[broker.HeaderFreePrefix+"x"] = "\xfe\xff" }), reason: "not UTF-8", badUTF8: true},
+		{name: "key-not-utf8", headers: envelope("key-not-utf8", func(h map[string]string) { h[wire.HeaderKey] = "o\xff1" }), reason: wire.HeaderKey, badUTF8: true},
+		{name: "free-header-not-utf8", headers: envelope("free-header-not-utf8", func(h map[string]string) { h[wire.HeaderFreePrefix+"x"] = "\xfe\xff" }), reason: "not UTF-8", badUTF8: true},
 		{name: "year-9999", headers: envelope("year-9999", func(h map[string]string) {
-			h[broker.HeaderDeliverAt] = fmt.Sprint(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
+			h[wire.HeaderDeliverAt] = fmt.Sprint(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
 		}), reason: "too far"},
 		// Header types only a protocol with typed headers (AMQP) can send.
-		{name: "due-as-number", values: values("due-as-number", func(h map[string]any) { h[broker.HeaderDeliverAt] = time.Now().UnixMilli() }), reason: broker.HeaderDeliverAt},
-		{name: "key-as-number", values: values("key-as-number", func(h map[string]any) { h[broker.HeaderKey] = int32(42) }), reason: broker.HeaderKey},
-		{name: "version-as-bool", values: values("version-as-bool", func(h map[string]any) { h[broker.HeaderVersion] = true }), reason: broker.HeaderVersion},
-		{name: "topic-as-bytes", values: values("topic-as-bytes", func(h map[string]any) { h[broker.HeaderTopic] = []byte(topic) }), reason: broker.HeaderTopic},
-		{name: "hop-as-table", values: values("hop-as-table", func(h map[string]any) { h[broker.HeaderHop] = map[string]any{"n": int32(1)} }), reason: broker.HeaderHop},
+		{name: "due-as-number", values: values("due-as-number", func(h map[string]any) { h[wire.HeaderDeliverAt] = time.Now().UnixMilli() }), reason: wire.HeaderDeliverAt},
+		{name: "key-as-number", values: values("key-as-number", func(h map[string]any) { h[wire.HeaderKey] = int32(42) }), reason: wire.HeaderKey},
+		{name: "version-as-bool", values: values("version-as-bool", func(h map[string]any) { h[wire.HeaderVersion] = true }), reason: wire.HeaderVersion},
+		{name: "topic-as-bytes", values: values("topic-as-bytes", func(h map[string]any) { h[wire.HeaderTopic] = []byte(topic) }), reason: wire.HeaderTopic},
+		{name: "hop-as-table", values: values("hop-as-table", func(h map[string]any) { h[wire.HeaderHop] = map[string]any{"n": int32(1)} }), reason: wire.HeaderHop},
 		{name: "no-envelope-typed", values: map[string]any{"x-n": int64(5), "x-list": []any{int32(1), "a"}}, reason: "no delaybridge envelope"},
 		// A good envelope next to foreign headers of every type is handled:
 		// headers outside the envelope are not the runtime's business.

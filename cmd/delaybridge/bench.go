@@ -21,8 +21,8 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // benchTopic is the topic every bench run uses; keys carry the run id, so a
@@ -304,21 +304,16 @@ func (b *benchSession) execute(ctx context.Context) error {
 func (b *benchSession) open(ctx context.Context) error {
 	o, a := b.o, b.a
 	a.useDevDefaults(&o.bf)
-	if err := o.bf.check(a); err != nil {
-		return err
-	}
-	db, err := a.openDB(ctx)
+	ses, err := a.openSession(ctx, &o.bf, true, true)
 	if err != nil {
 		return err
 	}
+	b.closers = append(b.closers, ses.Close)
+	db := ses.db
 	b.db = db
-	b.closers = append(b.closers, func() { db.Close() })
 	conns := o.producers + o.relayWkrs + o.concurrent + 8
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	if _, err := outbox.Migrate(ctx, db); err != nil {
-		return err
-	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (
   id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
 		return err
@@ -328,12 +323,11 @@ func (b *benchSession) open(ctx context.Context) error {
 			return err
 		}
 	}
-	cl, err := b.openBroker(ctx)
-	if err != nil {
-		return err
+	if o.dbOnly {
+		ses.cl = inProcessBroker(ses.cl)
 	}
+	cl := ses.cl
 	b.cl = cl
-	b.closers = append(b.closers, cl.close)
 	b.m = newMetrics(db, 30*time.Second, a.log)
 	stopHTTP, err := a.serveMetrics(o.httpAddr, b.m, db, cl.addr)
 	if err != nil {
@@ -343,18 +337,14 @@ func (b *benchSession) open(ctx context.Context) error {
 	return nil
 }
 
-// openBroker connects --broker, or with --database-only starts the
-// in-process broker, with the chosen broker's lookahead.
-func (b *benchSession) openBroker(ctx context.Context) (*clients, error) {
-	cl, err := b.o.bf.open(ctx, b.a, true)
-	if err != nil || !b.o.dbOnly {
-		return cl, err
-	}
+// inProcessBroker closes cl, the broker --broker chose, and returns the
+// in-process broker --database-only runs with, with cl's lookahead.
+func inProcessBroker(cl *clients) *clients {
 	lookahead := cl.pub.Limits().Lookahead
 	cl.close()
 	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: lookahead}, Prefetch: 30000})
 	return &clients{pub: mem, sub: mem, close: func() { _ = mem.Close() },
-		ensure: func(context.Context, ...string) error { return nil }}, nil
+		ensure: func(context.Context, ...string) error { return nil }}
 }
 
 // startConsumer builds the consumer of the chosen handler and, unless only
@@ -431,7 +421,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := rabbit.PurgeTopic(ctx, cfg, benchTopic); err != nil {
+		if _, err := purgeTopicQueue(ctx, cfg, benchTopic); err != nil {
 			return fmt.Errorf("baseline: purge its messages: %w", err)
 		}
 	}
@@ -550,7 +540,7 @@ func (b *benchSession) report() error {
 			late = append(late, max(t/1000-run.due[i], 0))
 		}
 	}
-	l := outbox.Summarize(late)
+	l := percentile.Summarize(late)
 	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}
 	res.ElapsedSecond = time.Since(b.scheduleStart).Seconds()
 	res.ProcessCPU = processCPU()

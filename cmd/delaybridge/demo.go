@@ -54,22 +54,12 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return fmt.Errorf("need --orders > 0, --timeout > 0 and 0 <= --pay-ratio <= 1")
 			}
 			a.useDevDefaults(&bf)
-			if err := bf.check(a); err != nil {
-				return err
-			}
-			db, err := a.openDB(ctx)
+			ses, err := a.openSession(ctx, &bf, true, true)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			if _, err := outbox.Migrate(ctx, db); err != nil {
-				return err
-			}
-			cl, err := bf.open(ctx, a, true)
-			if err != nil {
-				return err
-			}
-			defer cl.close()
+			defer ses.Close()
+			db, cl := ses.db, ses.cl
 
 			m := newMetrics(db, 30*time.Second, a.log)
 			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)

@@ -62,28 +62,18 @@ back (up to --drain) and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if err := bf.check(a); err != nil {
-				return err
-			}
 			if shardName != "" && !validShardName(shardName) {
 				return fmt.Errorf("--shard-name %q: want 1-64 of [A-Za-z0-9_-]", shardName)
 			}
 			if shardName != "" {
 				a.log = a.log.With("shard", shardName)
 			}
-			db, err := a.openDB(ctx)
+			ses, err := a.openSession(ctx, &bf, false, false)
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			if _, err := outbox.CheckDatabase(ctx, db); err != nil {
-				return err
-			}
-			cl, err := bf.open(ctx, a, false)
-			if err != nil {
-				return err
-			}
-			defer cl.close()
+			defer ses.Close()
+			db, cl := ses.db, ses.cl
 			if cleanDuty <= 0 || cleanDuty > 1 {
 				return fmt.Errorf("--cleaner-duty must be in (0, 1], not %v", cleanDuty)
 			}

@@ -72,7 +72,7 @@ func newTaskCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-func printInfo(a *app, i *outbox.Info, asJSON bool) {
+func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 	if asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
@@ -92,7 +92,7 @@ func printInfo(a *app, i *outbox.Info, asJSON bool) {
 	}
 }
 
-func infoJSON(i *outbox.Info) map[string]any {
+func infoJSON(i *outbox.TaskInfo) map[string]any {
 	m := map[string]any{
 		"id": i.ID, "topic": i.Task.Topic, "key": i.Task.Key, "state": i.State, "due": i.Task.DueAt,
 		"generation": i.Generation, "publish_attempts": i.PublishAttempts, "rescues": i.Rescues,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -150,7 +151,7 @@ func (s *Service) CancelTask(ctx context.Context, tx *sql.Tx, m *broker.Message)
 
 // CancelHandler is CancelTask through outbox.Handle, one message at a time.
 func (s *Service) CancelHandler() broker.Handler {
-	return outbox.Handler(s.DB, s.CancelTask)
+	return outbox.BrokerHandler(s.DB, s.CancelTask)
 }
 
 // UnpaidPastDue is the scanner's business query: orders still unpaid more
@@ -252,7 +253,7 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 		late = append(late, l)
 		r.CancelledBy[by]++
 	}
-	r.Lateness = outbox.Summarize(late)
+	r.Lateness = outbox.Lateness(percentile.Summarize(late))
 	return r, rows.Err()
 }
 

@@ -130,7 +130,7 @@ func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {
 // settledTask waits until the task of order id is either unpublished or
 // its message was settled by the consumer (arrived reports that), then
 // returns the task as it is then.
-func settledTask(t *testing.T, db *sql.DB, id string, arrived func() bool, deadline time.Time) *outbox.Info {
+func settledTask(t *testing.T, db *sql.DB, id string, arrived func() bool, deadline time.Time) *outbox.TaskInfo {
 	t.Helper()
 	for {
 		// arrived before Get: the state read is the one Handle committed.

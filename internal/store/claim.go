@@ -1,9 +1,12 @@
-package outbox
+// Package store holds the delay_task queries the relay (outbox) and the
+// scanner share: claiming rows under a lease and recording what their
+// publish did. It is machinery, not API: states are the plain strings
+// stored in delay_task.state.
+package store
 
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -11,6 +14,14 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+)
+
+// States of delay_task rows, as stored; outbox.State names the same values.
+const (
+	Pending   = "pending"
+	Published = "published"
+	Done      = "done"
+	Cancelled = "cancelled"
 )
 
 // Claimed is one task row a claim locked, as the message to publish for it.
@@ -25,7 +36,7 @@ type Claimed struct {
 // ClaimSpec says which rows a claim takes and how long it holds them.
 type ClaimSpec struct {
 	// State is the state of the rows to take.
-	State State
+	State string
 	// DueAtMost, ReadyAtMost and PublishedAtMost bound due_ms,
 	// next_attempt_ms and published_ms (epoch milliseconds, inclusive).
 	DueAtMost, ReadyAtMost, PublishedAtMost int64
@@ -74,7 +85,7 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
-ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
+ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
@@ -101,9 +112,9 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 		}
 		bytes += size
 		m.Payload = append([]byte{}, payload...)
-		m.Key, m.DeliverAt, m.Trace = string(key), msTime(dueMS), trace.String
+		m.Key, m.DeliverAt, m.Trace = string(key), time.UnixMilli(dueMS).UTC(), trace.String
 		if headers.Valid {
-			m.Headers, c.HeadersErr = decodeHeaders(headers.String)
+			m.Headers, c.HeadersErr = DecodeHeaders(headers.String)
 		}
 		c.Message = &m
 		out = append(out, c)
@@ -121,9 +132,9 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 	for i, c := range out {
 		ids[i] = c.Message.TaskID
 	}
-	for _, chunk := range chunks(ids) {
+	for _, chunk := range Chunks(ids) {
 		args := append([]any{spec.Owner, spec.LeaseUntil}, chunk...)
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+inList(len(chunk)), args...); err != nil {
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+InList(len(chunk)), args...); err != nil {
 			return nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
 		}
 	}
@@ -141,7 +152,7 @@ ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, string(spec.State), spec.DueAtM
 // rows (those in c): state published, published_ms = at, the lease gone.
 // Rows a Cancel, Reschedule or another claim changed meanwhile are left
 // alone. It returns how many rows it marked.
-func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64) (int64, error) {
+func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed, at int64) (int64, error) {
 	return updateOwned(ctx, db, owner, from, c,
 		"state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL, next_attempt_ms = 0, lease_owner = 0",
 		at, at)
@@ -156,7 +167,7 @@ func MarkRescued(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at i
 	// the wait past grace is grace × (2^rescues − 1): grace, then 2×,
 	// 4× ... after each rescue, up to maxWait. The assignment to
 	// next_attempt_ms comes first so it reads rescues before the increment.
-	return updateOwnedIn(ctx, db, owner, []State{StatePublished, StateDone, StateCancelled}, c,
+	return updateOwnedIn(ctx, db, owner, []string{Published, Done, Cancelled}, c,
 		"next_attempt_ms = ? + LEAST(? * ((1 << LEAST(rescues, 8)) - 1), ?), rescues = rescues + 1, published_ms = ?, updated_ms = ?, lease_owner = 0",
 		at, grace.Milliseconds(), maxWait.Milliseconds(), at, at)
 }
@@ -165,22 +176,22 @@ func MarkRescued(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at i
 // lease gone, the next attempt no sooner than at + initial × 2^attempts,
 // at most maxWait, less skew (a scanner passes its grace, which it adds
 // back when it compares).
-func MarkFailed(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64, initial, maxWait, skew time.Duration, reason string) (int64, error) {
+func MarkFailed(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed, at int64, initial, maxWait, skew time.Duration, reason string) (int64, error) {
 	return updateOwned(ctx, db, owner, from, c,
 		"next_attempt_ms = ? + LEAST(? << LEAST(publish_attempts, 30), ?) - ?, publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ?, lease_owner = 0",
-		at, initial.Milliseconds(), maxWait.Milliseconds(), skew.Milliseconds(), truncate(reason, 1024), at)
+		at, initial.Milliseconds(), maxWait.Milliseconds(), skew.Milliseconds(), Truncate(reason, 1024), at)
 }
 
 // MarkDead records that the broker refused claimed rows for good.
-func MarkDead(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, at int64, reason string) (int64, error) {
+func MarkDead(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed, at int64, reason string) (int64, error) {
 	return updateOwned(ctx, db, owner, from, c,
 		"state = 'dead', publish_attempts = publish_attempts + 1, last_error = ?, updated_ms = ?, next_attempt_ms = 0, lease_owner = 0",
-		truncate(reason, 1024), at)
+		Truncate(reason, 1024), at)
 }
 
 // Release gives claimed rows back at once, untouched otherwise: for a
 // claimer stopping before it knows how their publish went.
-func Release(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed) (int64, error) {
+func Release(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed) (int64, error) {
 	return updateOwned(ctx, db, owner, from, c, "next_attempt_ms = 0, lease_owner = 0")
 }
 
@@ -203,26 +214,26 @@ func SplitResults(c []Claimed, results []error) (ok, failed, refused []Claimed) 
 
 // updateOwned runs "UPDATE delay_task SET set" over the rows of c that
 // owner still holds in state from at the generation claimed, in chunks.
-func updateOwned(ctx context.Context, db *sql.DB, owner int64, from State, c []Claimed, set string, setArgs ...any) (int64, error) {
-	return updateOwnedIn(ctx, db, owner, []State{from}, c, set, setArgs...)
+func updateOwned(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed, set string, setArgs ...any) (int64, error) {
+	return updateOwnedIn(ctx, db, owner, []string{from}, c, set, setArgs...)
 }
 
 // updateOwnedIn is updateOwned for rows in any of the states from.
-func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []State, c []Claimed, set string, setArgs ...any) (int64, error) {
+func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []string, c []Claimed, set string, setArgs ...any) (int64, error) {
 	byGen := map[int64][]int64{}
 	for _, cl := range c {
 		byGen[cl.Message.Generation] = append(byGen[cl.Message.Generation], cl.Message.TaskID)
 	}
 	var n int64
 	for gen, ids := range byGen {
-		for _, chunk := range chunks(ids) {
+		for _, chunk := range Chunks(ids) {
 			args := slices.Clone(setArgs)
 			args = append(args, owner)
 			for _, st := range from {
-				args = append(args, string(st))
+				args = append(args, st)
 			}
 			args = append(append(args, gen), chunk...)
-			res, err := db.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET "+set+" WHERE lease_owner = ? AND state IN "+inList(len(from))+" AND generation = ? AND id IN "+inList(len(chunk)), args...)
+			res, err := db.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET "+set+" WHERE lease_owner = ? AND state IN "+InList(len(from))+" AND generation = ? AND id IN "+InList(len(chunk)), args...)
 			if err != nil {
 				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
 			}
@@ -237,8 +248,8 @@ func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []State, c
 // limit of 65,535, whatever batch size is configured.
 const maxInList = 5000
 
-// chunks splits ids into slices of at most maxInList, as []any for Exec.
-func chunks(ids []int64) [][]any {
+// Chunks splits ids into slices of at most maxInList, as []any for Exec.
+func Chunks(ids []int64) [][]any {
 	var out [][]any
 	for len(ids) > 0 {
 		n := min(len(ids), maxInList)
@@ -252,26 +263,14 @@ func chunks(ids []int64) [][]any {
 	return out
 }
 
-// inList returns "(?,?,…)" with n placeholders.
-func inList(n int) string { return "(?" + strings.Repeat(",?", n-1) + ")" }
+// InList returns "(?,?,…)" with n placeholders.
+func InList(n int) string { return "(?" + strings.Repeat(",?", n-1) + ")" }
 
-// decodeHeaders reads the headers column as Schedule wrote it. Rows are
-// edited by hand now and then, so it checks what it returns as
-// Message.Validate would, and never panics.
-func decodeHeaders(s string) (map[string]string, error) {
-	if s == "" {
-		return nil, nil
+// Truncate cuts s to at most n bytes without splitting a UTF-8 sequence, so
+// the result fits a VARCHAR in strict mode.
+func Truncate(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
 	}
-	var h map[string]string
-	if err := json.Unmarshal([]byte(s), &h); err != nil {
-		return nil, fmt.Errorf("headers column: %w", err)
-	}
-	m := broker.Message{Topic: "t", Key: "k", DeliverAt: time.Now(), Headers: h}
-	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("headers column: %w", err)
-	}
-	if len(h) == 0 {
-		h = nil
-	}
-	return h, nil
+	return strings.ToValidUTF8(s, "")
 }

@@ -1,4 +1,4 @@
-package outbox
+package store
 
 import (
 	"errors"
@@ -12,27 +12,27 @@ import (
 func TestDecodeHeaders_DropsWhatNoBrokerCarries(t *testing.T) {
 	t.Parallel()
 	for _, col := range []string{`{"h": 1}`, `[]`, `{"h": "a\u0001b"}`, `{"": "v"}`, `{"h"`} {
-		if h, err := decodeHeaders(col); err == nil {
-			t.Errorf("decodeHeaders(%q) = %v, want an error", col, h)
+		if h, err := DecodeHeaders(col); err == nil {
+			t.Errorf("DecodeHeaders(%q) = %v, want an error", col, h)
 		}
 	}
-	h, err := decodeHeaders(`{"q'uote": "\"\\ % _ \u0000 <&>"}`)
+	h, err := DecodeHeaders(`{"q'uote": "\"\\ % _ \u0000 <&>"}`)
 	if err != nil || h["q'uote"] != "\"\\ % _ \x00 <&>" {
-		t.Fatalf("decodeHeaders = %q, %v", h, err)
+		t.Fatalf("DecodeHeaders = %q, %v", h, err)
 	}
-	if h, err := decodeHeaders(`{}`); h != nil || err != nil {
+	if h, err := DecodeHeaders(`{}`); h != nil || err != nil {
 		t.Fatalf("empty object: %v, %v; want no headers", h, err)
 	}
 }
 
 // FuzzDecodeHeaders reads the headers column as a hand-edited row might
-// hold it: whatever decodes must be valid and survive encodeHeaders.
+// hold it: whatever decodes must be valid and survive EncodeHeaders.
 func FuzzDecodeHeaders(f *testing.F) {
 	for _, s := range []string{`{"tenant":"acme"}`, `{"a":"<&>\u0000"}`, `{"a":1}`, `{"\u0001":""}`, `null`, `{"a":"b","a":"c"}`, ``} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, col string) {
-		h, err := decodeHeaders(col)
+		h, err := DecodeHeaders(col)
 		if err != nil {
 			return
 		}
@@ -40,15 +40,15 @@ func FuzzDecodeHeaders(f *testing.F) {
 		if err := m.Validate(); err != nil {
 			t.Fatalf("decoded headers %q are invalid: %v", h, err)
 		}
-		enc, err := encodeHeaders(h)
+		enc, err := EncodeHeaders(h)
 		if errors.Is(err, broker.ErrInvalidMessage) {
 			return // valid, but its JSON would not fit the column
 		}
 		if err != nil {
-			t.Fatalf("encodeHeaders(%q): %v", h, err)
+			t.Fatalf("EncodeHeaders(%q): %v", h, err)
 		}
 		s, _ := enc.(string)
-		again, err := decodeHeaders(s)
+		again, err := DecodeHeaders(s)
 		if err != nil || !maps.Equal(again, h) {
 			t.Fatalf("round trip of %q gave %q, %v", h, again, err)
 		}

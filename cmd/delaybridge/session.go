@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// session is what run, demo and bench open before their work: the outbox
+// database and the broker's clients.
+type session struct {
+	db *sql.DB
+	cl *clients
+}
+
+// openSession checks the broker flags, opens the database, migrates it
+// (demo and bench, on a development database) or checks that it is
+// migrated (run, which never changes a deployment's schema), then
+// connects the broker, with a subscriber when withSub. What it opened is
+// closed again when a later step fails.
+func (a *app) openSession(ctx context.Context, bf *brokerFlags, migrate, withSub bool) (*session, error) {
+	if err := bf.check(a); err != nil {
+		return nil, err
+	}
+	db, err := a.openDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if migrate {
+		_, err = outbox.Migrate(ctx, db)
+	} else {
+		_, err = outbox.CheckDatabase(ctx, db)
+	}
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	cl, err := bf.open(ctx, a, withSub)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &session{db: db, cl: cl}, nil
+}
+
+// Close disconnects the broker, then closes the database.
+func (s *session) Close() {
+	s.cl.close()
+	s.db.Close()
+}
