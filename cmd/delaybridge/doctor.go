@@ -246,6 +246,9 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	} else {
 		r.fail("RabbitMQ %s is older than 3.10: the ladder needs quorum queues with at-least-once dead-lettering", version)
 	}
+	if w := clusterDeadLetteringWarning(version, len(bf.AMQPNodes), bf.RabbitMode, cfg.DeadLettering); w != "" {
+		r.warn("%s", w)
+	}
 	probeQ := fmt.Sprintf("%s.doctor.%d", cfg.Prefix, time.Now().UnixNano())
 	if ch, err := conn.Channel(); err == nil {
 		_, err := ch.QueueDeclare(probeQ, true, false, false, false, amqp.Table{
@@ -293,6 +296,29 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.RabbitDepth, rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth))
 	}
 	r.ok("clock skew with RabbitMQ: not measurable over AMQP (the ladder's TTLs use the broker's clock only for durations)")
+}
+
+// clusterDeadLetteringWarning says when a ladder on a RabbitMQ cluster will
+// stall after losing a node: before 3.12.5 a level's dead-letter worker
+// that reaches its target queue before it elected a new leader keeps
+// asking the dead node (docs/deployment.md), and at-least-once
+// dead-lettering then holds those hops until the node returns. Empty when
+// it does not apply: one node, delayed-exchange mode, at-most-once, or a
+// fixed version.
+func clusterDeadLetteringWarning(version string, otherNodes int, mode string, dl rabbit.DeadLettering) string {
+	if otherNodes == 0 || mode != "ladder" || dl != rabbit.AtLeastOnce {
+		return ""
+	}
+	major, minor := versionOf(version)
+	patch := 0
+	if parts := strings.SplitN(version, ".", 3); len(parts) == 3 {
+		digits := strings.TrimRightFunc(parts[2], func(r rune) bool { return r < '0' || r > '9' })
+		patch, _ = strconv.Atoi(digits)
+	}
+	if major > 3 || major == 3 && (minor > 12 || minor == 12 && patch >= 5) {
+		return ""
+	}
+	return fmt.Sprintf("RabbitMQ %s cluster with at-least-once dead-lettering: after a node is lost, ladder hops can stall until it returns (a RabbitMQ bug fixed in 3.12.5), so those tasks wait for the scanner's --grace; upgrade RabbitMQ or set --rabbit-dead-lettering at-most-once on every process (docs/deployment.md)", version)
 }
 
 func versionOf(v string) (int, int) {
