@@ -137,9 +137,6 @@ func (c *Consumer) Close(ctx context.Context) error {
 		c.mu.Unlock()
 		close(c.stopping)
 		c.stopSub()
-		if !c.startedOnce() {
-			c.nackHeld()
-		}
 	})
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()
@@ -248,13 +245,6 @@ func (c *Consumer) nackHeld() {
 	for _, h := range held {
 		c.nack(h.j)
 	}
-}
-
-// startedOnce reports whether Start ran (and so releaseHeld).
-func (c *Consumer) startedOnce() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.started
 }
 
 // heldJob is a held message: released at at, ordered by key (at to the
