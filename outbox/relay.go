@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -83,6 +84,10 @@ type RelayHooks struct {
 	Failed func(n int)
 	// Dead reports rows the broker rejected for good.
 	Dead func(n int)
+	// Claimed reports each claim transaction and how many rows it took:
+	// 0 when it found none. An idle relay looks with one read before it
+	// claims, so it claims only when there is something to take.
+	Claimed func(n int)
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -268,20 +273,32 @@ func (r *Relay) probe(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := r.cfg.Now()
-		limit := int64(1<<63 - 1)
-		if r.cfg.Lookahead > 0 {
-			limit = now.Add(min(r.cfg.Lookahead, r.urgent())).UnixMilli()
-		}
-		var one int
-		err := r.db.QueryRowContext(ctx, `SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = 'pending' AND due_ms <= ? AND next_attempt_ms <= ? LIMIT 1`, limit, now.UnixMilli()).Scan(&one)
-		if err == nil {
+		if ok, err := r.ready(ctx, min(r.cfg.Lookahead, r.urgent())); ok && err == nil {
 			for range r.cfg.Workers {
 				r.Nudge()
 			}
 		}
 	}
+}
+
+// ready reports whether a claim would find a row due within ahead (any
+// row if the relay has no lookahead), with one read of the (state, due_ms)
+// index, without a lock or a transaction. Its numbers are written into the
+// statement, so it costs one round trip whatever the DSN's
+// interpolateParams.
+func (r *Relay) ready(ctx context.Context, ahead time.Duration) (bool, error) {
+	now := r.cfg.Now()
+	limit := int64(1<<63 - 1)
+	if r.cfg.Lookahead > 0 {
+		limit = now.Add(ahead).UnixMilli()
+	}
+	var one int
+	err := r.db.QueryRowContext(ctx, "SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = 'pending' AND due_ms <= "+
+		strconv.FormatInt(limit, 10)+" AND next_attempt_ms <= "+strconv.FormatInt(now.UnixMilli(), 10)+" LIMIT 1").Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // urgent is how soon a row must be due for the probe to wake a paced
@@ -299,8 +316,22 @@ func (r *Relay) loop(ctx context.Context) {
 	errWait := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2,
 		MaxInterval: 10 * time.Second, Clock: backoff.SystemClock}
 	errWait.Reset()
+	look := false // look before claiming: the last claim found nothing
 	for ctx.Err() == nil {
-		n, err := r.Once(ctx)
+		var n int
+		var err error
+		// An idle loop looks before it claims: an empty claim is a
+		// transaction of three statements, the look one read. A failed
+		// look claims, and the claim reports the error.
+		claim := !look
+		if look {
+			ok, lerr := r.ready(ctx, r.cfg.Lookahead)
+			claim = ok || lerr != nil
+		}
+		if claim {
+			n, err = r.Once(ctx)
+		}
+		look = err == nil && n == 0
 		var wait time.Duration
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -331,6 +362,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-r.nudge:
 			t.Stop()
 			idle = r.cfg.IdleMin
+			look = false // woken for a row: claim it without looking
 		case <-t.C:
 		}
 	}
@@ -355,6 +387,9 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)
+	}
+	if r.cfg.Hooks.Claimed != nil {
+		r.cfg.Hooks.Claimed(len(batch))
 	}
 	if len(batch) == 0 {
 		return 0, nil

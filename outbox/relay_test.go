@@ -387,3 +387,37 @@ func TestRelay_PacedClaimsBatchTheWindowAndUrgentTasksStillGoAtOnce(t *testing.T
 		t.Fatalf("urgent task published at %v, after its due time %v", info.PublishedAt, due)
 	}
 }
+
+func TestRelay_AnIdleLoopLooksBeforeItClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 10 * time.Second}})
+	t.Cleanup(func() { _ = mem.Close() })
+	var claims, empty atomic.Int64
+	// No probe and a 20 ms idle poll: the loop alone finds the rows.
+	r := newRelay(t, b, mem, outbox.RelayConfig{Workers: 1, Probe: -1, IdleMin: 20 * time.Millisecond, IdleMax: 20 * time.Millisecond,
+		Hooks: outbox.RelayHooks{Claimed: func(n int) {
+			claims.Add(1)
+			if n == 0 {
+				empty.Add(1)
+			}
+		}}})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// A second of nothing to do is about 50 polls; only the first claims.
+	time.Sleep(time.Second)
+	if n := empty.Load(); n > 1 {
+		t.Fatalf("%d empty claims in an idle second: the loop claimed at each poll instead of looking first", n)
+	}
+	// A row another process schedules (no Nudge) is seen by the look and
+	// claimed: due in 8 s, inside the lookahead.
+	b.schedule(t, outbox.Task{Topic: "look", Key: "k", DueAt: time.Now().Add(8 * time.Second)})
+	if !testutil.Eventually(5*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "task_key = 'k' AND state = 'published'") == 1 }) {
+		t.Fatal("after 5s: the task is not published")
+	}
+	if n := claims.Load() - empty.Load(); n != 1 {
+		t.Fatalf("%d claims took rows, want 1", n)
+	}
+}
