@@ -6,22 +6,17 @@ package integration
 // while tasks flow.
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"net/url"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // clusterQueue is one row of rabbitmqctl list_queues name leader members
@@ -71,57 +66,12 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	f := newFlow(t)
 	pub, sub := rabbitClients(t, cfg)
 	f.consume(t, pub, sub)
-	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second, Lookahead: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const grace = 10 * time.Second
-	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: grace, Interval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{r.Run, sc.Run} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = run(ctx) }()
-	}
-	t.Cleanup(func() { stop(); wg.Wait() })
+	f.relayAndScan(t, pub, outbox.RelayConfig{Lookahead: -1}, grace)
 
 	// The order service: 40 orders a second, each due 1-4 s later (so the
 	// later ones go through two ladder levels).
-	var (
-		mu  sync.Mutex
-		due = map[string]time.Time{}
-		n   atomic.Int64
-	)
-	produce, stopProducing := context.WithCancel(context.Background())
-	defer stopProducing()
-	var producing sync.WaitGroup
-	producing.Add(1)
-	go func() {
-		defer producing.Done()
-		tick := time.NewTicker(25 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-produce.Done():
-				return
-			case <-tick.C:
-			}
-			i := n.Load() + 1
-			key := fmt.Sprintf("c-%06d", i)
-			at := time.Now().Add(time.Second + time.Duration(i*7919%3000)*time.Millisecond)
-			if err := f.tryOrder(key, at); err != nil {
-				t.Errorf("order %s: %v", key, err)
-				return
-			}
-			n.Store(i)
-			mu.Lock()
-			due[key] = at
-			mu.Unlock()
-		}
-	}()
+	orders := f.startOrders(t, "c", func(i int64) time.Duration { return time.Second + time.Duration(i*7919%3000)*time.Millisecond })
 
 	time.Sleep(6 * time.Second)
 	// Every queue of the ladder and the topic is a quorum queue on all three.
@@ -150,9 +100,8 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	killed := time.Now()
 
 	time.Sleep(15 * time.Second)
-	stopProducing()
-	producing.Wait()
-	total := int(n.Load())
+	orders.stop()
+	total := orders.total()
 	f.waitDone(t, total, 2*time.Minute)
 	f.checkOnce(t, total)
 
@@ -174,11 +123,10 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	}
 	var samples []sample
 	f.mu.Lock()
-	mu.Lock()
 	for key, at := range f.handled {
-		samples = append(samples, sample{due[key], at.Sub(due[key])})
+		_, due := orders.times(key)
+		samples = append(samples, sample{due, at.Sub(due)})
 	}
-	mu.Unlock()
 	f.mu.Unlock()
 	sort.Slice(samples, func(i, j int) bool { return samples[i].due.Before(samples[j].due) })
 	var normal []time.Duration

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +18,6 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rocket"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // TestRocketCluster_KilledBrokerReturnsAndDeliversItsWheel: broker-a is
@@ -71,57 +68,10 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	if restart {
 		grace = 150 * time.Second
 	}
-	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), IdleMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: grace, Interval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{r.Run, sc.Run} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = run(ctx) }()
-	}
-	t.Cleanup(func() { stop(); wg.Wait() })
+	f.relayAndScan(t, pub, outbox.RelayConfig{}, grace)
 
 	// The order service: 40 orders a second, each due 2-10 s later.
-	var (
-		mu      sync.Mutex
-		due     = map[string]time.Time{}
-		created = map[string]time.Time{}
-		n       atomic.Int64
-	)
-	produce, stopProducing := context.WithCancel(context.Background())
-	defer stopProducing()
-	var producing sync.WaitGroup
-	producing.Add(1)
-	go func() {
-		defer producing.Done()
-		tick := time.NewTicker(25 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-produce.Done():
-				return
-			case <-tick.C:
-			}
-			i := n.Load() + 1
-			key := fmt.Sprintf("r-%06d", i)
-			now := time.Now()
-			at := now.Add(2*time.Second + time.Duration(i*7919%8000)*time.Millisecond)
-			if err := f.tryOrder(key, at); err != nil {
-				t.Errorf("order %s: %v", key, err)
-				return
-			}
-			n.Store(i)
-			mu.Lock()
-			due[key], created[key] = at, now
-			mu.Unlock()
-		}
-	}()
+	orders := f.startOrders(t, "r", func(i int64) time.Duration { return 2*time.Second + time.Duration(i*7919%8000)*time.Millisecond })
 
 	// By now about 300 tasks are due in the next 8 s, about half of them
 	// in broker-a's wheel.
@@ -143,9 +93,8 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	} else {
 		time.Sleep(20 * time.Second)
 	}
-	stopProducing()
-	producing.Wait()
-	total := int(n.Load())
+	orders.stop()
+	total := orders.total()
 	f.waitDone(t, total, 2*time.Minute)
 	f.checkOnce(t, total)
 
@@ -159,18 +108,16 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
 	for rows.Next() {
 		var k task
 		var doneMS int64
 		if err := rows.Scan(&k.key, &doneMS, &k.rescues); err != nil {
 			t.Fatal(err)
 		}
-		k.due, k.created = due[k.key], created[k.key]
+		k.created, k.due = orders.times(k.key)
 		k.done = time.UnixMilli(doneMS)
 		tasks = append(tasks, k)
 	}
-	mu.Unlock()
 	if err := rows.Close(); err != nil {
 		t.Fatal(err)
 	}
