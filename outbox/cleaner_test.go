@@ -53,7 +53,10 @@ func TestCleaner_PausesBetweenBatchesAndStopsInAPause(t *testing.T) {
 // compares measurements a few seconds apart; last, once beside a cleaner
 // deleting back to back (duty 1). It reports the medians over the rounds of
 // the p99 alone, the p99 beside the cleaner, their ratio and the cleaner's
-// rows/s. It is skipped without the first variable.
+// rows/s. With DELAYBRIDGE_BENCH_CLEAN_BACKGROUND=M it first loads M pending
+// tasks due over the next 7 days and M done ones within retention
+// (loadWeek), the table of a service at scale. It is skipped without the
+// first variable.
 func BenchmarkCleaner(b *testing.B) {
 	n, _ := strconv.Atoi(os.Getenv("DELAYBRIDGE_BENCH_CLEAN_ROWS"))
 	if n <= 0 {
@@ -68,6 +71,9 @@ func BenchmarkCleaner(b *testing.B) {
 	}
 	if _, err := db.Exec("CREATE TABLE orders (id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL) ENGINE = InnoDB"); err != nil {
 		b.Fatal(err)
+	}
+	if bg := envInt("DELAYBRIDGE_BENCH_CLEAN_BACKGROUND", 0); bg > 0 {
+		loadWeek(b, db, bg) // the rows the cleaner must leave: a week of waiting and of finished tasks
 	}
 	const week = 7 * 24 * time.Hour / time.Millisecond
 	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
