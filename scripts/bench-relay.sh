@@ -11,8 +11,11 @@
 # delaybridge share, one run's ratio swings with what else the servers do
 # (RabbitMQ's baseline alone varies by a third between runs), so the script
 # prints every run and the median ratio. Before each run it empties what the
-# last left for the bench's consumer (RabbitMQ: purged; RocketMQ: the
-# group's offset moved past it) and waits for MariaDB to go quiet. Needs the
+# last left for the bench's consumer and waits for MariaDB to go quiet. On
+# RocketMQ it deletes the bench's topic (the bench creates it again): a
+# consumer group new to a topic whose messages the broker still holds in
+# memory starts from the first of them, so a later bench or test run with a
+# new group would first wade through everything these runs left. Needs the
 # local services (scripts/services.sh up) and bin/delaybridge.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,8 +41,8 @@ empty_broker() {
 	if [ "$broker" = rabbit ]; then
 		rabbitmqctl purge_queue -q delaybridge.q.delaybridge-bench > /dev/null 2>&1 || true
 	else
-		scripts/mqadmin.sh resetOffsetByTime -g delaybridge-delaybridge-bench -t delaybridge-bench -s now > /dev/null 2>&1 ||
-			echo "bench-relay.sh: could not skip what the runs left in delaybridge-bench; the next bench consumes it" >&2
+		scripts/mqadmin.sh deleteTopic -c DefaultCluster -t delaybridge-bench > /dev/null 2>&1 ||
+			echo "bench-relay.sh: could not delete the topic delaybridge-bench; the next bench consumes what the runs left" >&2
 	fi
 }
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
