@@ -25,9 +25,9 @@ import (
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
-// benchTopic is the topic every bench run uses; keys carry the run id, so a
-// run ignores leftovers of earlier ones.
-const benchTopic = "delaybridge-bench"
+// defaultBenchTopic is the topic a bench run uses unless --topic names
+// another; keys carry the run id, so a run ignores leftovers of earlier ones.
+const defaultBenchTopic = "delaybridge-bench"
 
 type benchResult struct {
 	Broker        string           `json:"broker"`
@@ -53,6 +53,7 @@ type benchResult struct {
 // benchRun tracks one run's tasks by index.
 type benchRun struct {
 	id      string
+	topic   string
 	due     []int64        // unix ms per task
 	handled []atomic.Int64 // first handled time, unix µs; 0 = not yet
 	runs    []atomic.Int32 // handler runs
@@ -113,6 +114,7 @@ type benchFlags struct {
 	relayOnly  bool
 	dbOnly     bool
 	pace       time.Duration
+	topic      string
 }
 
 func (o *benchFlags) register(f *pflag.FlagSet) {
@@ -135,6 +137,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&o.concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
+	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to: a topic of its own keeps a run clear of what earlier runs left in the broker (a RocketMQ consumer group new to a topic starts from the first message the broker still holds in memory)")
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
@@ -145,6 +148,9 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	if o.tasks <= 0 || o.producers <= 0 || o.perTx <= 0 || (o.handler != "noop" && o.handler != "db") {
 		return 0, fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
+	}
+	if err := broker.ValidateTopic(o.topic); err != nil {
+		return 0, fmt.Errorf("--topic: %w", err)
 	}
 	ahead, err := lookaheadSetting(fs, o.lookahead)
 	if err != nil {
@@ -245,7 +251,7 @@ func (b *benchSession) execute(ctx context.Context) error {
 	if err := b.open(ctx); err != nil {
 		return err
 	}
-	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), due: make([]int64, o.tasks),
+	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), topic: o.topic, due: make([]int64, o.tasks),
 		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks)}
 	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler}
 	if o.dbOnly {
@@ -318,10 +324,11 @@ func (b *benchSession) open(ctx context.Context) error {
   id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`); err != nil {
 		return err
 	}
-	for _, q := range []string{"DELETE FROM bench_orders", "DELETE FROM delay_task WHERE topic = '" + benchTopic + "'"} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			return err
-		}
+	if _, err := db.ExecContext(ctx, "DELETE FROM bench_orders"); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM delay_task WHERE topic = ?", o.topic); err != nil {
+		return err
 	}
 	if o.dbOnly {
 		ses.cl = inProcessBroker(ses.cl)
@@ -388,11 +395,11 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := b.cl.ensure(ctx, benchTopic, broker.DefaultDeadTopic); err != nil {
+	if err := b.cl.ensure(ctx, o.topic, broker.DefaultDeadTopic); err != nil {
 		return err
 	}
 	if !o.relayOnly {
-		if err := b.consumer.Start(ctx, benchTopic); err != nil {
+		if err := b.consumer.Start(ctx, o.topic); err != nil {
 			return err
 		}
 	}
@@ -410,7 +417,7 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 // as the baseline did: RabbitMQ's work per publish grows with what its
 // quorum queues hold.
 func (b *benchSession) measureBaseline(ctx context.Context) error {
-	tps, err := benchBaseline(ctx, b.cl.pub, b.o.tasks, b.o.relayWkrs)
+	tps, err := benchBaseline(ctx, b.cl.pub, b.o.topic, b.o.tasks, b.o.relayWkrs)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
@@ -421,7 +428,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := purgeTopicQueue(ctx, cfg, benchTopic); err != nil {
+		if _, err := purgeTopicQueue(ctx, cfg, b.o.topic); err != nil {
 			return fmt.Errorf("baseline: purge its messages: %w", err)
 		}
 	}
@@ -598,7 +605,7 @@ func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.T
 		}
 		run.due[i] = due.UnixMilli()
 		ids = append(ids, run.key(i))
-		tasks = append(tasks, outbox.Task{Topic: benchTopic, Key: run.key(i), DueAt: due})
+		tasks = append(tasks, outbox.Task{Topic: run.topic, Key: run.key(i), DueAt: due})
 	}
 	if orders {
 		for len(ids) > 0 {
@@ -626,7 +633,7 @@ func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.T
 // benchBaseline publishes n messages due at once straight through pub, in
 // batches of 500 from workers goroutines, and returns the confirmed rate.
 // Their keys belong to no run, so the consumer acks them unhandled.
-func benchBaseline(ctx context.Context, pub broker.Publisher, n, workers int) (float64, error) {
+func benchBaseline(ctx context.Context, pub broker.Publisher, topic string, n, workers int) (float64, error) {
 	start := time.Now()
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
@@ -643,7 +650,7 @@ func benchBaseline(ctx context.Context, pub broker.Publisher, n, workers int) (f
 				}
 				msgs := make([]*broker.Message, 0, 500)
 				for i := first; i < min(first+500, n); i++ {
-					msgs = append(msgs, &broker.Message{Topic: benchTopic, Key: "baseline-" + strconv.Itoa(i), DeliverAt: broker.MillisUTC(time.Now())})
+					msgs = append(msgs, &broker.Message{Topic: topic, Key: "baseline-" + strconv.Itoa(i), DeliverAt: broker.MillisUTC(time.Now())})
 				}
 				if err := pub.Publish(ctx, msgs...); err != nil {
 					once.Do(func() { firstErr = err })

@@ -158,7 +158,10 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 	}{{"rabbit", rabbitFlags, "db", []string{"--group", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
 		t.Run(b.name, func(t *testing.T) {
 			_, dsn := testenv.ScratchDB(t)
-			out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "400", "--delay", "1s", "--spread", "1s", "--per-tx", "10",
+			// A topic of its own: a new RocketMQ group on the shared
+			// delaybridge-bench topic would start from whatever earlier
+			// relay-only runs left there.
+			out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--topic", testenv.Name("bench"), "--tasks", "400", "--delay", "1s", "--spread", "1s", "--per-tx", "10",
 				"--handler", b.handler, "--baseline", "--json", "--wait", "60s", "--log-level", "error"}, append(b.flags(t), b.extra...)...)...)
 			m := lastJSON(t, out)
 			if m["tasks"] != 400.0 || m["handled"] != 400.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
@@ -252,6 +255,7 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--lookahead", "1s", "--relay-only"}, "--relay-only cannot wait for a lookahead"},
 		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
+		{[]string{"--topic", "two words"}, "--topic"},
 	} {
 		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
