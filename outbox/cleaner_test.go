@@ -62,8 +62,8 @@ func BenchmarkCleaner(b *testing.B) {
 	if n <= 0 {
 		b.Skip("set DELAYBRIDGE_BENCH_CLEAN_ROWS to the finished rows to load")
 	}
-	txs := envInt("DELAYBRIDGE_BENCH_CLEAN_TXS", 10000)
-	rounds := envInt("DELAYBRIDGE_BENCH_CLEAN_ROUNDS", 3)
+	txs := testenv.EnvInt("DELAYBRIDGE_BENCH_CLEAN_TXS", 10000)
+	rounds := testenv.EnvInt("DELAYBRIDGE_BENCH_CLEAN_ROUNDS", 3)
 	db, _ := testenv.ScratchDB(b)
 	ctx := b.Context()
 	if _, err := outbox.Migrate(ctx, db); err != nil {
@@ -72,7 +72,7 @@ func BenchmarkCleaner(b *testing.B) {
 	if _, err := db.Exec("CREATE TABLE orders (id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL) ENGINE = InnoDB"); err != nil {
 		b.Fatal(err)
 	}
-	if bg := envInt("DELAYBRIDGE_BENCH_CLEAN_BACKGROUND", 0); bg > 0 {
+	if bg := testenv.EnvInt("DELAYBRIDGE_BENCH_CLEAN_BACKGROUND", 0); bg > 0 {
 		loadWeek(b, db, bg) // the rows the cleaner must leave: a week of waiting and of finished tasks
 	}
 	const week = 7 * 24 * time.Hour / time.Millisecond
@@ -161,13 +161,6 @@ FROM seq_`+strconv.Itoa(lo)+`_to_`+strconv.Itoa(hi), old, int64(week), n, old, o
 		b.ReportMetric(float64(unpaced.Microseconds()), "unpaced_p99_us")
 		b.ReportMetric(unpacedRate, "unpaced_rows/s")
 	}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
 }
 
 func TestCleaner_DeletesOnlyFinishedTasksPastRetention(t *testing.T) {

@@ -3,7 +3,6 @@ package rabbit
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -165,8 +164,8 @@ func benchPublisher(b *testing.B, delay time.Duration) {
 //
 //	go test -run '^$' -bench Lateness -benchtime 1x -timeout 10m ./rabbit/
 func BenchmarkLateness(b *testing.B) {
-	seconds := envInt("DELAYBRIDGE_BENCH_SECONDS", 60)
-	rate := envInt("DELAYBRIDGE_BENCH_RATE", 1000)
+	seconds := testenv.EnvInt("DELAYBRIDGE_BENCH_SECONDS", 60)
+	rate := testenv.EnvInt("DELAYBRIDGE_BENCH_RATE", 1000)
 	const ahead = 5 * time.Second
 	for range b.N {
 		bb := benchSetup(b)
@@ -259,7 +258,7 @@ func BenchmarkLateness(b *testing.B) {
 //
 //	go test -run '^$' -bench Hop -benchtime 1x ./rabbit/
 func BenchmarkHop(b *testing.B) {
-	n := envInt("DELAYBRIDGE_BENCH_HOP_N", 30000)
+	n := testenv.EnvInt("DELAYBRIDGE_BENCH_HOP_N", 30000)
 	prefetch := "unknown"
 	if out, err := execRabbitmqctl("environment"); err == nil {
 		for _, line := range strings.Split(out, "\n") {
@@ -328,10 +327,3 @@ func BenchmarkHop(b *testing.B) {
 }
 
 func (b *bundle) topicQueue(topic string) string { return topology{cfg: b.cfg}.topicQueue(topic) }
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}

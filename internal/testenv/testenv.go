@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -261,4 +262,13 @@ func SkipIfShort(t testing.TB, why string) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip(why + "; skipped under -short")
 	}
+}
+
+// EnvInt returns the positive integer in the environment variable name, or
+// def when it is unset, not a number or not positive: a benchmark's knob.
+func EnvInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
