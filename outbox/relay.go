@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -163,7 +164,12 @@ type Relay struct {
 	db    *sql.DB
 	pub   broker.Publisher
 	cfg   RelayConfig
-	nudge chan struct{}
+	nudge chan bool // true: the probe found a row due within urgent()
+	// ahead is set when the last claim's oldest row was due more than
+	// leisure() away: every row due sooner is in the broker already. The
+	// loops then claim one at a time, holding serial.
+	ahead  atomic.Bool
+	serial chan struct{}
 }
 
 // NewRelay returns a relay from db to pub.
@@ -195,7 +201,7 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	if cfg.Lease <= cfg.PublishTimeout {
 		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
-	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan struct{}, cfg.Workers)}, nil
+	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}, nil
 }
 
 // checkLookahead refuses a lookahead the relay cannot keep: shorter than
@@ -227,9 +233,12 @@ func (r *Relay) Lookahead() time.Duration { return r.cfg.Lookahead }
 
 // Nudge wakes an idle claim loop at once. Producers in the same process call
 // it after committing a Schedule to cut the relay's latency to a round trip.
-func (r *Relay) Nudge() {
+func (r *Relay) Nudge() { r.wake(false) }
+
+// wake wakes an idle claim loop; urgent says a row is due within urgent().
+func (r *Relay) wake(urgent bool) {
 	select {
-	case r.nudge <- struct{}{}:
+	case r.nudge <- urgent:
 	default:
 	}
 }
@@ -275,7 +284,7 @@ func (r *Relay) probe(ctx context.Context) {
 		}
 		if ok, err := r.ready(ctx, min(r.cfg.Lookahead, r.urgent())); ok && err == nil {
 			for range r.cfg.Workers {
-				r.Nudge()
+				r.wake(true)
 			}
 		}
 	}
@@ -311,8 +320,24 @@ func (r *Relay) urgent() time.Duration {
 	return 2*r.cfg.Pace + r.cfg.Probe
 }
 
+// leisure is how far from due the oldest row a claim takes must be for the
+// relay to count as ahead: half the lookahead, and never less than the
+// probe's urgency, so a row the probe wakes the loops for is never
+// claimed one loop at a time.
+func (r *Relay) leisure() time.Duration {
+	return max(r.urgent(), r.cfg.Lookahead/2)
+}
+
+// loop claims until ctx is done. A relay that is ahead claims with one
+// loop at a time: the rows it publishes then are not due for seconds, and
+// four loops claiming, publishing and marking at once took every core of a
+// small box for a moment each pace, delaying the consumers handling the
+// tasks due right then. When a claim's oldest row is due within leisure(),
+// or the probe woke the loop for a row due soon, the loops claim side by
+// side again.
 func (r *Relay) loop(ctx context.Context) {
 	idle := r.cfg.IdleMin
+	urgent := false // the probe woke this loop for a row due soon
 	errWait := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2,
 		MaxInterval: 10 * time.Second, Clock: backoff.SystemClock}
 	errWait.Reset()
@@ -329,8 +354,20 @@ func (r *Relay) loop(ctx context.Context) {
 			claim = ok || lerr != nil
 		}
 		if claim {
+			serial := !urgent && r.ahead.Load()
+			if serial {
+				select {
+				case r.serial <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
 			n, err = r.Once(ctx)
+			if serial {
+				<-r.serial
+			}
 		}
+		urgent = false
 		look = err == nil && n == 0
 		var wait time.Duration
 		switch {
@@ -359,7 +396,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-r.nudge:
+		case urgent = <-r.nudge:
 			t.Stop()
 			idle = r.cfg.IdleMin
 			look = false // woken for a row: claim it without looking
@@ -394,6 +431,8 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	// Rows come oldest due first.
+	r.ahead.Store(r.cfg.Pace > 0 && batch[0].Message.DeliverAt.Sub(now) > r.leisure())
 
 	// A row no broker would carry (written by hand or by another program:
 	// a due time of 0, a key too long) goes dead with the reason at once;

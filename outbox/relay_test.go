@@ -421,3 +421,84 @@ func TestRelay_AnIdleLoopLooksBeforeItClaims(t *testing.T) {
 		t.Fatalf("%d claims took rows, want 1", n)
 	}
 }
+
+// overlapPublisher records how many of its publishes overlap: once the
+// first `warm` publishes have ended, late holds the most that were ever in
+// flight together.
+type overlapPublisher struct {
+	broker.Publisher
+	hold time.Duration
+	warm int
+
+	mu                       sync.Mutex
+	started, ended, inFlight int
+	late                     int
+}
+
+func (p *overlapPublisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	p.mu.Lock()
+	p.started++
+	p.inFlight++
+	if p.ended >= p.warm {
+		p.late = max(p.late, p.inFlight)
+	}
+	p.mu.Unlock()
+	time.Sleep(p.hold)
+	err := p.Publisher.Publish(ctx, msgs...)
+	p.mu.Lock()
+	p.inFlight--
+	p.ended++
+	p.mu.Unlock()
+	return err
+}
+
+func (p *overlapPublisher) overlap() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.late
+}
+
+func TestRelay_AheadOfDueItClaimsWithOneLoopAndBehindWithAll(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		due  time.Duration // from now
+		want func(late int) bool
+		why  string
+	}{
+		// Lookahead 10 s: rows due in 8 s are further off than half of it.
+		{"ahead", 8 * time.Second, func(late int) bool { return late == 1 }, "claims far from due ran side by side"},
+		// Rows already due: every loop claims.
+		{"behind", -time.Second, func(late int) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 10 * time.Second}})
+			t.Cleanup(func() { _ = mem.Close() })
+			tasks := make([]outbox.Task, 2000)
+			due := time.Now().Add(c.due)
+			for i := range tasks {
+				tasks[i] = outbox.Task{Topic: "overlap", Key: fmt.Sprintf("k-%d", i), DueAt: due}
+			}
+			if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+				t.Fatal(err)
+			}
+			// 20 batches of 100 for 4 loops. The loops start knowing
+			// nothing, so the first four claims may overlap whatever the
+			// due times; what follows them is measured.
+			pub := &overlapPublisher{Publisher: mem, hold: 20 * time.Millisecond, warm: 4}
+			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100})
+			ctx, cancel := context.WithCancel(b.ctx)
+			done := make(chan struct{})
+			go func() { _ = r.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks) }) {
+				t.Fatalf("after 20s: %d of %d published", b.count(t, "state = 'published'"), len(tasks))
+			}
+			if late := pub.overlap(); !c.want(late) {
+				t.Fatalf("at most %d publishes in flight together after the first claims: %s", late, c.why)
+			}
+		})
+	}
+}
