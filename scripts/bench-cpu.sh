@@ -36,6 +36,24 @@ for _ in $(seq 1 60); do
 	[ $(((b - a) * 100 / (2 * HZ))) -lt 5 ] && break
 done
 
+# The whole box's busy and total jiffies (/proc/stat) every 100 ms, with
+# builtins only, so the sampler itself costs next to nothing: after the run
+# they say how busy the box was from the first task due to the last handled,
+# the work that could not be done ahead of time.
+sample() {
+	local fd line
+	exec {fd}<> <(:)
+	while :; do
+		read -r line < /proc/stat
+		echo "${EPOCHREALTIME/./} $line"
+		read -rt 0.1 -u "$fd" _ || true
+	done
+}
+samples=$(mktemp)
+sample > "$samples" &
+sampler=$!
+trap 'kill "$sampler" 2> /dev/null; rm -f "$samples"' EXIT
+
 declare -A before
 while read -r name pid; do before[$name]="$pid $(ticks "$pid")"; done < <(pids)
 start=$(date +%s.%N)
@@ -67,4 +85,22 @@ printf '%s' "$rows" | awk -v n="$handled" -v cores="$(nproc)" -v secs="$elapsed"
 		printf "%-18s %10.2f %14.0f\n", "total", total, total * 1e6 / n
 		printf "tasks %d in %ss; at 5,000 tasks/s this work needs %.2f cores, the box has %d: it carries at most %.0f tasks/s\n", n, secs, total / n * 5000, cores, cores * n / total
 	}'
+# How busy the whole box was in the due window (from the first task due to
+# the last handled; a relay-only run has none). Near 100 % means lateness
+# was the cores' limit: the work due in the window waited for a core.
+first_due=$(echo "$json" | sed -n 's/.*"first_due_unix_ms":\([0-9]*\).*/\1/p')
+last_handled=$(echo "$json" | sed -n 's/.*"last_handled_unix_ms":\([0-9]*\).*/\1/p')
+kill "$sampler" 2> /dev/null || true
+if [ -n "$first_due" ] && [ -n "$last_handled" ] && [ "$last_handled" -gt "$first_due" ]; then
+	# /proc/stat: cpu user nice system idle iowait irq softirq steal ...
+	awk -v a="$first_due" -v b="$last_handled" -v cores="$(nproc)" -v hz="$HZ" -v n="$handled" '
+		{ t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7 }
+		t >= a && !seen { seen = 1; t0 = t; b0 = busy; a0 = all }
+		seen && t <= b { t1 = t; b1 = busy; a1 = all }
+		END {
+			if (!seen || t1 <= t0 || a1 <= a0) { print "due window: too short to sample"; exit }
+			f = (b1 - b0) / (a1 - a0)
+			printf "due window %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores), %.0f µs of CPU per task\n", (b - a) / 1000, f * 100, f * cores, cores, (b1 - b0) / hz * 1e6 / n * (b - a) / (t1 - t0)
+		}' "$samples"
+fi
 exit $status

@@ -48,6 +48,11 @@ type benchResult struct {
 	MeanGroupMS   float64          `json:"mean_group_ms"`
 	ProcessCPU    float64          `json:"process_cpu_s"`
 	ElapsedSecond float64          `json:"elapsed_s"`
+	// FirstDueMS and LastHandledMS (unix ms) bound the due window: the
+	// work in it could not be done ahead (scripts/bench-cpu.sh measures
+	// how busy the box was then).
+	FirstDueMS    int64 `json:"first_due_unix_ms"`
+	LastHandledMS int64 `json:"last_handled_unix_ms"`
 }
 
 // benchRun tracks one run's tasks by index.
@@ -543,8 +548,12 @@ func (b *benchSession) report() error {
 	}
 	var late []int64
 	for i := range run.handled {
+		if res.FirstDueMS == 0 || run.due[i] < res.FirstDueMS {
+			res.FirstDueMS = run.due[i]
+		}
 		if t := run.handled[i].Load(); t != 0 {
 			late = append(late, max(t/1000-run.due[i], 0))
+			res.LastHandledMS = max(res.LastHandledMS, t/1000)
 		}
 	}
 	l := percentile.Summarize(late)

@@ -175,6 +175,13 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 			if l, _ := m["lateness_ms"].(map[string]any); l == nil || l["p99"] == nil {
 				t.Errorf("no lateness percentiles in %v", m)
 			}
+			// The due window: from the first task due (about 1 s after the
+			// start) to the last handled, which comes no sooner.
+			first, _ := m["first_due_unix_ms"].(float64)
+			last, _ := m["last_handled_unix_ms"].(float64)
+			if now := float64(time.Now().UnixMilli()); first < now-10*60*1000 || last < first || last > now {
+				t.Errorf("due window %v..%v, want the first due before the last handled, both within the run", m["first_due_unix_ms"], m["last_handled_unix_ms"])
+			}
 		})
 	}
 }
