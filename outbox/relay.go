@@ -23,7 +23,9 @@ type RelayConfig struct {
 	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
 	BatchSize int
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
-	// batches apart. Default 4.
+	// batches apart. A relay that is ahead (the oldest row of its last
+	// claim due more than half the lookahead away) runs them one at a
+	// time, resting after each full batch as long as it took. Default 4.
 	Workers int
 	// Lookahead publishes only rows due within it: a task far from due
 	// waits in the database (cheap, and cancelled for free) and moves into
@@ -329,12 +331,13 @@ func (r *Relay) leisure() time.Duration {
 }
 
 // loop claims until ctx is done. A relay that is ahead claims with one
-// loop at a time: the rows it publishes then are not due for seconds, and
-// four loops claiming, publishing and marking at once took every core of a
-// small box for a moment each pace, delaying the consumers handling the
-// tasks due right then. When a claim's oldest row is due within leisure(),
-// or the probe woke the loop for a row due soon, the loops claim side by
-// side again.
+// loop at a time, and after a full batch rests as long as the batch took:
+// the rows it publishes then are not due for seconds, and four loops
+// claiming, publishing and marking a pace's worth at once took every core
+// of a small box for a moment each pace, delaying the consumers handling
+// the tasks due right then. When a claim's oldest row is due within
+// leisure(), or the probe woke the loop for a row due soon, the loops claim
+// side by side, without rest, again.
 func (r *Relay) loop(ctx context.Context) {
 	idle := r.cfg.IdleMin
 	urgent := false // the probe woke this loop for a row due soon
@@ -362,8 +365,20 @@ func (r *Relay) loop(ctx context.Context) {
 					return
 				}
 			}
+			began := time.Now()
 			n, err = r.Once(ctx)
 			if serial {
+				// Still ahead with more to take: rest as long as the
+				// batch took before the next claim, so the relay's work
+				// spreads over the pace instead of coming all at once.
+				if err == nil && n == r.cfg.BatchSize && r.ahead.Load() {
+					t := time.NewTimer(time.Since(began))
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+						t.Stop()
+					}
+				}
 				<-r.serial
 			}
 		}

@@ -422,25 +422,32 @@ func TestRelay_AnIdleLoopLooksBeforeItClaims(t *testing.T) {
 	}
 }
 
-// overlapPublisher records how many of its publishes overlap: once the
-// first `warm` publishes have ended, late holds the most that were ever in
-// flight together.
+// overlapPublisher records how its publishes follow each other once the
+// first `warm` have ended: late is the most ever in flight together, and
+// gap the shortest pause between one ending and the next starting with
+// none in flight (-1 until there is one).
 type overlapPublisher struct {
 	broker.Publisher
 	hold time.Duration
 	warm int
 
-	mu                       sync.Mutex
-	started, ended, inFlight int
-	late                     int
+	mu              sync.Mutex
+	ended, inFlight int
+	late            int
+	lastEnd         time.Time
+	gap             time.Duration
 }
 
 func (p *overlapPublisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
 	p.mu.Lock()
-	p.started++
 	p.inFlight++
 	if p.ended >= p.warm {
 		p.late = max(p.late, p.inFlight)
+		if p.inFlight == 1 && p.ended > p.warm {
+			if g := time.Since(p.lastEnd); p.gap < 0 || g < p.gap {
+				p.gap = g
+			}
+		}
 	}
 	p.mu.Unlock()
 	time.Sleep(p.hold)
@@ -448,28 +455,33 @@ func (p *overlapPublisher) Publish(ctx context.Context, msgs ...*broker.Message)
 	p.mu.Lock()
 	p.inFlight--
 	p.ended++
+	p.lastEnd = time.Now()
 	p.mu.Unlock()
 	return err
 }
 
-func (p *overlapPublisher) overlap() int {
+func (p *overlapPublisher) overlap() (late int, gap time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.late
+	return p.late, p.gap
 }
 
-func TestRelay_AheadOfDueItClaimsWithOneLoopAndBehindWithAll(t *testing.T) {
+func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T) {
 	t.Parallel()
+	const hold = 50 * time.Millisecond // each publish
 	for _, c := range []struct {
 		name string
 		due  time.Duration // from now
-		want func(late int) bool
+		want func(late int, gap time.Duration) bool
 		why  string
 	}{
-		// Lookahead 10 s: rows due in 8 s are further off than half of it.
-		{"ahead", 8 * time.Second, func(late int) bool { return late == 1 }, "claims far from due ran side by side"},
+		// Lookahead 10 s: rows due in 8 s are further off than half of
+		// it. One loop at a time, and after each full batch it rests at
+		// least as long as the batch took, publish included.
+		{"ahead", 8 * time.Second, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
+			"claims far from due ran side by side, or followed each other without a rest"},
 		// Rows already due: every loop claims.
-		{"behind", -time.Second, func(late int) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
+		{"behind", -time.Second, func(late int, _ time.Duration) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -487,17 +499,17 @@ func TestRelay_AheadOfDueItClaimsWithOneLoopAndBehindWithAll(t *testing.T) {
 			// 20 batches of 100 for 4 loops. The loops start knowing
 			// nothing, so the first four claims may overlap whatever the
 			// due times; what follows them is measured.
-			pub := &overlapPublisher{Publisher: mem, hold: 20 * time.Millisecond, warm: 4}
+			pub := &overlapPublisher{Publisher: mem, hold: hold, warm: 4, gap: -1}
 			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100})
 			ctx, cancel := context.WithCancel(b.ctx)
 			done := make(chan struct{})
 			go func() { _ = r.Run(ctx); close(done) }()
 			defer func() { cancel(); <-done }()
-			if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks) }) {
-				t.Fatalf("after 20s: %d of %d published", b.count(t, "state = 'published'"), len(tasks))
+			if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks) }) {
+				t.Fatalf("after 30s: %d of %d published", b.count(t, "state = 'published'"), len(tasks))
 			}
-			if late := pub.overlap(); !c.want(late) {
-				t.Fatalf("at most %d publishes in flight together after the first claims: %s", late, c.why)
+			if late, gap := pub.overlap(); !c.want(late, gap) {
+				t.Fatalf("after the first claims: at most %d publishes in flight together, the shortest pause between them %v: %s", late, gap, c.why)
 			}
 		})
 	}

@@ -162,7 +162,7 @@ back (up to --drain) and exits 0.`,
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
-	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops")
+	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops while the relay is behind (one at a time while the oldest row it claims is due more than half the lookahead away)")
 	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
 	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "how long done and cancelled tasks are kept after their due time")
