@@ -6,8 +6,9 @@
 # Runs `bin/delaybridge bench` with the flags given (add --json) and prints,
 # for the local MariaDB, RabbitMQ, RocketMQ (name server and broker) and the
 # bench process itself, the CPU seconds each used during the run and per
-# handled task, and what that rate of tasks would need in cores. Waits for
-# the database to go quiet first (InnoDB purges what earlier runs left).
+# handled task, and what that rate of tasks would need in cores; then how
+# busy the whole box was from the first task due to the last handled. Waits
+# for the database to go quiet first (InnoDB purges what earlier runs left).
 # Needs the local services (scripts/services.sh up) and bin/delaybridge.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
