@@ -357,30 +357,7 @@ func (r *Relay) loop(ctx context.Context) {
 			claim = ok || lerr != nil
 		}
 		if claim {
-			serial := !urgent && r.ahead.Load()
-			if serial {
-				select {
-				case r.serial <- struct{}{}:
-				case <-ctx.Done():
-					return
-				}
-			}
-			began := time.Now()
-			n, err = r.Once(ctx)
-			if serial {
-				// Still ahead with more to take: rest as long as the
-				// batch took before the next claim, so the relay's work
-				// spreads over the pace instead of coming all at once.
-				if err == nil && n == r.cfg.BatchSize && r.ahead.Load() {
-					t := time.NewTimer(time.Since(began))
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						t.Stop()
-					}
-				}
-				<-r.serial
-			}
+			n, err = r.claim(ctx, urgent)
 		}
 		urgent = false
 		look = err == nil && n == 0
@@ -418,6 +395,33 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// claim runs Once. A loop not woken for an urgent row, of a relay that is
+// ahead, holds serial for it and, after a full batch while still ahead,
+// rests as long as the batch took before letting the next loop claim: the
+// relay's work spreads over the pace instead of coming all at once.
+func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
+	if urgent || !r.ahead.Load() {
+		return r.Once(ctx)
+	}
+	select {
+	case r.serial <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-r.serial }()
+	began := time.Now()
+	n, err := r.Once(ctx)
+	if err == nil && n == r.cfg.BatchSize && r.ahead.Load() {
+		t := time.NewTimer(time.Since(began))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	return n, err
 }
 
 // Once claims one batch, publishes it and records the outcome, returning
