@@ -53,6 +53,13 @@ type benchResult struct {
 	// how busy the box was then).
 	FirstDueMS    int64 `json:"first_due_unix_ms"`
 	LastHandledMS int64 `json:"last_handled_unix_ms"`
+	// The baseline's and the relay's phases (unix ms; the baseline's are 0
+	// without --baseline): scripts/bench-relay.sh measures what each
+	// process spent in each.
+	BaselineStartMS int64 `json:"baseline_start_unix_ms"`
+	BaselineEndMS   int64 `json:"baseline_end_unix_ms"`
+	RelayStartMS    int64 `json:"relay_start_unix_ms"`
+	RelayEndMS      int64 `json:"relay_end_unix_ms"`
 }
 
 // benchRun tracks one run's tasks by index.
@@ -183,7 +190,8 @@ burst), runs the relay and a consumer in this process, and waits until every
 task was handled or --wait passed the last due time. --handler noop only records the run; --handler db runs outbox.Handle
 with a conditional UPDATE of a bench_orders row, the order-timeout shape.
 --baseline first measures a confirmed publish of the same number of messages
-straight through the adapter, without the database, in the same run; on
+straight through the adapter, from four goroutines, without the database, in
+the same run (its and the relay's start and end go into the JSON); on
 RabbitMQ it then purges those messages from the topic's queue, so the relay
 starts from a broker as empty as the baseline did.
 --preload schedules everything before the relay starts, to measure the relay
@@ -300,6 +308,7 @@ func (b *benchSession) execute(ctx context.Context) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	b.res.RelayTPS = float64(b.res.Scheduled) / time.Since(relayStart).Seconds()
+	b.res.RelayStartMS, b.res.RelayEndMS = relayStart.UnixMilli(), time.Now().UnixMilli()
 	if o.relayOnly {
 		stopWork()
 		return b.reportRelayOnly()
@@ -417,16 +426,22 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 	return nil
 }
 
+// baselinePublishers publish the baseline side by side, whatever the
+// relay's settings, so runs comparing relay settings share one yardstick.
+const baselinePublishers = 4
+
 // measureBaseline measures a raw confirmed publish of --tasks messages,
 // then (RabbitMQ) purges them, so the relay starts from a broker as empty
 // as the baseline did: RabbitMQ's work per publish grows with what its
 // quorum queues hold.
 func (b *benchSession) measureBaseline(ctx context.Context) error {
-	tps, err := benchBaseline(ctx, b.cl.pub, b.o.topic, b.o.tasks, b.o.relayWkrs)
+	start := time.Now()
+	tps, err := benchBaseline(ctx, b.cl.pub, b.o.topic, b.o.tasks, baselinePublishers)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
 	b.res.BaselineTPS = tps
+	b.res.BaselineStartMS, b.res.BaselineEndMS = start.UnixMilli(), time.Now().UnixMilli()
 	fmt.Fprintf(b.a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", b.o.tasks, tps)
 	if b.o.bf.Broker == "rabbit" && !b.o.dbOnly {
 		cfg, err := b.o.bf.rabbitConfig(b.a)
@@ -522,7 +537,9 @@ func (b *benchSession) reportRelayOnly() error {
 	fmt.Fprintln(out)
 	if b.o.asJSON {
 		j, _ := json.Marshal(map[string]any{"broker": res.Broker, "mode": res.Mode, "tasks": b.o.tasks, "scheduled": res.Scheduled,
-			"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS, "process_cpu_s": processCPU()})
+			"schedule_tps": res.ScheduleTPS, "relay_tps": res.RelayTPS, "baseline_publish_tps": res.BaselineTPS, "process_cpu_s": processCPU(),
+			"baseline_start_unix_ms": res.BaselineStartMS, "baseline_end_unix_ms": res.BaselineEndMS,
+			"relay_start_unix_ms": res.RelayStartMS, "relay_end_unix_ms": res.RelayEndMS})
 		fmt.Fprintln(out, string(j))
 	}
 	return nil

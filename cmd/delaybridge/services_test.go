@@ -182,7 +182,33 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 			if now := float64(time.Now().UnixMilli()); first < now-10*60*1000 || last < first || last > now {
 				t.Errorf("due window %v..%v, want the first due before the last handled, both within the run", m["first_due_unix_ms"], m["last_handled_unix_ms"])
 			}
+			checkBenchPhases(t, m)
 		})
+	}
+	t.Run("relay only", func(t *testing.T) {
+		_, dsn := testenv.ScratchDB(t)
+		out := mustRun(t, "bench", "--mysql-dsn", dsn, "--database-only", "--relay-only", "--preload", "--baseline", "--tasks", "300", "--json", "--log-level", "error")
+		m := lastJSON(t, out)
+		if m["scheduled"] != 300.0 {
+			t.Fatalf("relay-only summary %v", m)
+		}
+		checkBenchPhases(t, m)
+	})
+}
+
+// checkBenchPhases checks that a --baseline run's summary bounds the
+// baseline and then the relay, in that order, within the last ten minutes
+// (scripts/bench-relay.sh reads these bounds to share out the CPU).
+func checkBenchPhases(t *testing.T, m map[string]any) {
+	t.Helper()
+	now := float64(time.Now().UnixMilli())
+	prev := now - 10*60*1000
+	for _, k := range []string{"baseline_start_unix_ms", "baseline_end_unix_ms", "relay_start_unix_ms", "relay_end_unix_ms"} {
+		v, _ := m[k].(float64)
+		if v < prev || v > now {
+			t.Errorf("%s = %v, want a time after the one before (%v) and no later than now", k, m[k], prev)
+		}
+		prev = v
 	}
 }
 
