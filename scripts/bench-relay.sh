@@ -51,6 +51,13 @@ quiet() { # MariaDB under 5 % of a core for two seconds (InnoDB purged the last 
 	done
 }
 empty_broker() {
+	# A run's messages are due 2 s after they were scheduled (the bench's
+	# default delay), and the relay finished publishing them only just now:
+	# some are still in RabbitMQ's ladder or RocketMQ's timer. Let them all
+	# come due first, or they arrive after the clean-up and the next bench
+	# on the topic wades through them (RocketMQ creates the deleted topic
+	# again to deliver them).
+	sleep 5
 	if [ "$broker" = rabbit ]; then
 		rabbitmqctl purge_queue -q delaybridge.q.delaybridge-bench > /dev/null 2>&1 || true
 	else
