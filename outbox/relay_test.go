@@ -514,3 +514,87 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 		})
 	}
 }
+
+// gatePublisher holds its first Publish, telling held which keys it holds,
+// until open is closed; every publish then goes through to the broker.
+type gatePublisher struct {
+	broker.Publisher
+	once sync.Once
+	held chan []string
+	open chan struct{}
+}
+
+func (p *gatePublisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	first := false
+	p.once.Do(func() { first = true })
+	if first {
+		keys := make([]string, len(msgs))
+		for i, m := range msgs {
+			keys[i] = m.Key
+		}
+		p.held <- keys
+		select {
+		case <-p.open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return p.Publisher.Publish(ctx, msgs...)
+}
+
+func TestRelay_ClaimsSkipTheRowsOfBatchesInFlightUntilTheyLand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	pub := &gatePublisher{Publisher: mem, held: make(chan []string, 1), open: make(chan struct{})}
+	r := newRelay(t, b, pub, outbox.RelayConfig{BatchSize: 3})
+	base := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	for i, k := range []string{"a", "b", "c"} {
+		b.schedule(t, outbox.Task{Topic: "skip", Key: k, DueAt: base.Add(time.Duration(2*i) * time.Second), Payload: []byte("p")})
+	}
+	first := make(chan error, 1)
+	go func() {
+		n, err := r.Once(b.ctx)
+		if err == nil && n != 3 {
+			err = fmt.Errorf("first claim took %d rows, want 3", n)
+		}
+		first <- err
+	}()
+	if held := <-pub.held; strings.Join(held, ",") != "a,b,c" {
+		t.Fatalf("first batch %v, want a,b,c", held)
+	}
+	// While a..c are being published: "mid" is due within their span,
+	// "same" as late as c but after it in claim order (a burst's rows share
+	// one due time), "late" after them. The next claim leaves "mid" for
+	// later and takes the other two.
+	b.schedule(t, outbox.Task{Topic: "skip", Key: "mid", DueAt: base.Add(3 * time.Second), Payload: []byte("p")})
+	b.schedule(t, outbox.Task{Topic: "skip", Key: "same", DueAt: base.Add(4 * time.Second), Payload: []byte("p")})
+	b.schedule(t, outbox.Task{Topic: "skip", Key: "late", DueAt: base.Add(10 * time.Second), Payload: []byte("p")})
+	if n, err := r.Once(b.ctx); err != nil || n != 2 {
+		t.Fatalf("claim beside the batch in flight = %d, %v; want the two rows after its span", n, err)
+	}
+	state := func(key string) outbox.State {
+		info, err := outbox.Get(b.ctx, b.db, "skip", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State
+	}
+	if state("mid") != outbox.StatePending || state("same") != outbox.StatePublished || state("late") != outbox.StatePublished {
+		t.Fatalf("mid %s, same %s, late %s; want mid still pending, the others published", state("mid"), state("same"), state("late"))
+	}
+	close(pub.open)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The batch landed: its range is no longer skipped.
+	if n, err := r.Once(b.ctx); err != nil || n != 1 || state("mid") != outbox.StatePublished {
+		t.Fatalf("claim after the batch landed = %d, %v, mid %s; want mid published", n, err, state("mid"))
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if state(k) != outbox.StatePublished {
+			t.Fatalf("%s is %s after its batch landed", k, state(k))
+		}
+	}
+}
