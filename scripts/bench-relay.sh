@@ -13,10 +13,11 @@
 # (RabbitMQ's baseline alone varies by a third between runs), so the script
 # prints every run and the median ratio. Before each run it empties what the
 # last left for the bench's consumer and waits for MariaDB to go quiet. On
-# RocketMQ it deletes the bench's topic (the bench creates it again): a
-# consumer group new to a topic whose messages the broker still holds in
-# memory starts from the first of them, so a later bench or test run with a
-# new group would first wade through everything these runs left.
+# RocketMQ it deletes the bench's topic (the bench creates it again) and
+# the offsets of the bench's consumer group: a consumer group new to a topic
+# whose messages the broker still holds in memory starts from the first of
+# them, so a later bench or test run with a new group would first wade
+# through everything these runs left.
 #
 # Each run also shows where the CPU went in each phase (the baseline, then
 # the relay): how busy the box was and the CPU per message of MariaDB, the
@@ -63,6 +64,12 @@ empty_broker() {
 	else
 		scripts/mqadmin.sh deleteTopic -c DefaultCluster -t delaybridge-bench > /dev/null 2>&1 ||
 			echo "bench-relay.sh: could not delete the topic delaybridge-bench; the next bench consumes what the runs left" >&2
+		# And the bench consumer group's offsets: they point past the end of
+		# the topic the next bench creates afresh, and a consumer asking for
+		# such an offset is told it moved, sleeps 10 s and waits for its next
+		# rebalance (up to 20 s) before it pulls again.
+		scripts/mqadmin.sh deleteSubGroup -c DefaultCluster -g delaybridge-delaybridge-bench -r true > /dev/null 2>&1 ||
+			echo "bench-relay.sh: could not delete the consumer group delaybridge-delaybridge-bench; the next bench may start seconds late" >&2
 	fi
 }
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
