@@ -23,8 +23,7 @@ type RelayConfig struct {
 	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
 	BatchSize int
 	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
-	// batches apart, and each claim skips the rows of the relay's batches
-	// still being published. A relay that is ahead (the oldest row of its last
+	// batches apart. A relay that is ahead (the oldest row of its last
 	// claim due more than half the lookahead away) runs them one at a
 	// time, resting after each full batch as long as it took. Default 4.
 	Workers int
@@ -173,10 +172,6 @@ type Relay struct {
 	// loops then claim one at a time, holding serial.
 	ahead  atomic.Bool
 	serial chan struct{}
-	// flying holds the span of each batch being published, by its lease
-	// owner: the next claims skip the span they make up.
-	flyingMu sync.Mutex
-	flying   map[int64]store.Span
 }
 
 // NewRelay returns a relay from db to pub.
@@ -208,8 +203,7 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	if cfg.Lease <= cfg.PublishTimeout {
 		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
-	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1),
-		flying: map[int64]store.Span{}}, nil
+	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}, nil
 }
 
 // checkLookahead refuses a lookahead the relay cannot keep: shorter than
@@ -446,14 +440,9 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	batch, err := store.ClaimLeased(ctx, r.db, store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
 		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
-		Skip: r.inFlight(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)
-	}
-	if len(batch) > 0 {
-		r.fly(owner, batch)
-		defer r.land(owner)
 	}
 	if r.cfg.Hooks.Claimed != nil {
 		r.cfg.Hooks.Claimed(len(batch))
@@ -551,37 +540,6 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 		return claimed, ctx.Err()
 	}
 	return claimed, nil
-}
-
-// inFlight returns the span of the batches this relay is publishing
-// (empty when none is), for the next claim to skip: their rows are leased
-// already.
-func (r *Relay) inFlight() store.Span {
-	r.flyingMu.Lock()
-	defer r.flyingMu.Unlock()
-	var out store.Span
-	for _, sp := range r.flying {
-		out = out.Widen(sp.FromDue, sp.FromID).Widen(sp.ToDue, sp.ToID)
-	}
-	return out
-}
-
-// fly records the span of a batch claimed under owner until land.
-func (r *Relay) fly(owner int64, batch []store.Claimed) {
-	var sp store.Span
-	for _, c := range batch {
-		sp = sp.Widen(c.Message.DeliverAt.UnixMilli(), c.Message.TaskID)
-	}
-	r.flyingMu.Lock()
-	r.flying[owner] = sp
-	r.flyingMu.Unlock()
-}
-
-// land forgets owner's batch: its outcome is recorded.
-func (r *Relay) land(owner int64) {
-	r.flyingMu.Lock()
-	delete(r.flying, owner)
-	r.flyingMu.Unlock()
 }
 
 // recordTimeout bounds recording one claim's outcome, which runs on after

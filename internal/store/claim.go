@@ -51,40 +51,6 @@ type ClaimSpec struct {
 	// oldest first while their payloads fit (the first always does). Zero
 	// means no bound.
 	MaxBytes int64
-	// Skip, when set, leaves alone the rows it spans in the order the
-	// claim takes them (due time, then id): the claimer's own batches still
-	// being published span it. Their rows are leased, but the lease is not
-	// in the index the claim walks, so without Skip each claim reads past
-	// every one of them (with four relay loops, MariaDB spent about a fifth
-	// more CPU a relayed row; BENCHMARKS.md, Relay throughput). A row in the
-	// span that no batch holds (scheduled since, or locked by someone else
-	// when its neighbours were claimed) waits until those batches end.
-	Skip Span
-}
-
-// Span is an inclusive range of rows in claim order: from the row due at
-// FromDue (epoch ms) with id FromID to the row due at ToDue with id ToID.
-// The zero Span is empty.
-type Span struct{ FromDue, FromID, ToDue, ToID int64 }
-
-// Empty reports whether s holds no row.
-func (s Span) Empty() bool { return s == Span{} || s.after(s.FromDue, s.FromID, s.ToDue, s.ToID) }
-
-// after reports whether the row (due, id) comes after (due2, id2).
-func (Span) after(due, id, due2, id2 int64) bool { return due > due2 || due == due2 && id > id2 }
-
-// Widen returns the smallest span holding s and the row (due, id).
-func (s Span) Widen(due, id int64) Span {
-	if s.Empty() {
-		return Span{due, id, due, id}
-	}
-	if s.after(s.FromDue, s.FromID, due, id) {
-		s.FromDue, s.FromID = due, id
-	}
-	if s.after(due, id, s.ToDue, s.ToID) {
-		s.ToDue, s.ToID = due, id
-	}
-	return s
 }
 
 // NewLeaseOwner returns a random non-zero lease owner for one claim.
@@ -113,22 +79,13 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 		return nil, fmt.Errorf("outbox: claim %s: begin: %w", spec.State, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	// The claim walks the (state, due_ms) index, whose entries end with the
-	// id, in that order, without a sort; a skipped span splits the walk in
-	// two.
-	skip, args := "", []any{spec.State, spec.DueAtMost}
-	if sp := spec.Skip; !sp.Empty() {
-		skip = " AND (due_ms < ? OR (due_ms = ? AND id < ?) OR due_ms > ? OR (due_ms = ? AND id > ?))"
-		args = append(args, sp.FromDue, sp.FromDue, sp.FromID, sp.ToDue, sp.ToDue, sp.ToID)
-	}
-	args = append(args, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
 	// Rows past MaxBytes are read and dropped, never kept: a batch of large
 	// payloads never sits in memory whole, and they stay for the next claim
 	// (their locks go with the commit; only kept rows are leased).
 	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = ? AND due_ms <= ?`+skip+` AND next_attempt_ms <= ? AND published_ms <= ?
-ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, args...)
+WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
+ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
