@@ -68,11 +68,10 @@ const selectRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, g
 //
 //   - a key prefix, or a topic with neither state nor due window: the
 //     (topic, task_key) unique key, in key order;
-//   - a topic and a state without a due window: the (state, topic) index,
-//     in id order;
-//   - anything else: the (state, due_ms) index, one range per state asked
-//     for (all five without a state), oldest due first. A topic filter is
-//     then applied to the rows of that range.
+//   - anything else: the (state, due_ms, id, topic) index, one range per
+//     state asked for (all five without a state), oldest due first. A
+//     topic filter is checked in the index entries of that range, before
+//     any row is read.
 func Search(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
 	if s.Limit <= 0 {
 		s.Limit = 50
@@ -91,8 +90,6 @@ func Search(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) 
 	switch {
 	case s.KeyPrefix != "" || s.Topic != "" && s.State == "" && !window:
 		return searchByKey(ctx, q, s)
-	case s.Topic != "" && s.State != "" && !window:
-		return searchByTopicState(ctx, q, s)
 	default:
 		return searchByDue(ctx, q, s)
 	}
@@ -101,7 +98,6 @@ func Search(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) 
 // cursor kinds, the first byte of SearchPage.Next.
 const (
 	cursorKey = "k"
-	cursorID  = "i"
 	cursorDue = "d"
 )
 
@@ -136,30 +132,6 @@ func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 	if len(rows) > s.Limit {
 		page.Tasks = rows[:s.Limit]
 		page.Next = cursorKey + ":" + hex.EncodeToString([]byte(page.Tasks[s.Limit-1].Task.Key))
-	}
-	return page, nil
-}
-
-func searchByTopicState(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
-	where := []string{"state = ?", "topic = ?"}
-	args := []any{string(s.State), s.Topic}
-	if s.After != "" {
-		kind, rest, _ := strings.Cut(s.After, ":")
-		id, err := strconv.ParseInt(rest, 10, 64)
-		if kind != cursorID || err != nil {
-			return nil, badCursor(s.After)
-		}
-		where = append(where, "id > ?")
-		args = append(args, id)
-	}
-	rows, err := queryRows(ctx, q, selectRow+" FORCE INDEX (ix_delay_task_state_topic) WHERE "+strings.Join(where, " AND ")+" ORDER BY id LIMIT ?", append(args, s.Limit+1)...)
-	if err != nil {
-		return nil, err
-	}
-	page := &SearchPage{Tasks: rows, Index: "ix_delay_task_state_topic"}
-	if len(rows) > s.Limit {
-		page.Tasks = rows[:s.Limit]
-		page.Next = cursorID + ":" + strconv.FormatInt(page.Tasks[s.Limit-1].ID, 10)
 	}
 	return page, nil
 }

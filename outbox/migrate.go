@@ -146,10 +146,11 @@ func splitStatements(script string) []string {
 
 // alreadyApplied reports the error of an ALTER that a migrator killed
 // before it recorded the migration already ran: a column that exists
-// (MySQL error 1060) or an index that exists (1061). MySQL has no ADD
-// COLUMN or ADD INDEX IF NOT EXISTS, so this is how a migration that adds
+// (MySQL error 1060), an index that exists (1061), or an index or column
+// to drop that is gone (1091). MySQL has no ADD INDEX IF NOT EXISTS nor
+// DROP INDEX IF EXISTS, so this is how a migration that adds or drops
 // columns or indexes stays safe to run again.
 func alreadyApplied(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061)
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061 || me.Number == 1091)
 }

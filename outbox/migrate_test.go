@@ -1,7 +1,9 @@
 package outbox_test
 
 import (
+	"database/sql"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,4 +100,90 @@ func msOrZero(t time.Time) int64 {
 		return -1 // the epoch itself: a "not yet" read as a time
 	}
 	return t.UnixMilli()
+}
+
+// TestMigrate_StateDueCoversTopic takes the indexes back to what migration
+// 5 left, and checks that migration 6 leaves one (state, due_ms, id, topic)
+// index and no (state, topic) one, also when it runs a second time after a
+// crash before it was recorded; and that the count by state and topic and
+// the relay's claim read that index alone.
+func TestMigrate_StateDueCoversTopic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	indexes := func() map[string]string {
+		t.Helper()
+		rows, err := b.db.Query(`SELECT index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics
+WHERE table_schema = DATABASE() AND table_name = 'delay_task' GROUP BY index_name`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]string{}
+		for rows.Next() {
+			var name, cols string
+			if err := rows.Scan(&name, &cols); err != nil {
+				t.Fatal(err)
+			}
+			out[name] = cols
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	check := func(when string) {
+		t.Helper()
+		got := indexes()
+		if got["ix_delay_task_state_due"] != "state,due_ms,id,topic" {
+			t.Errorf("%s: ix_delay_task_state_due is (%s), want (state,due_ms,id,topic)", when, got["ix_delay_task_state_due"])
+		}
+		if cols, ok := got["ix_delay_task_state_topic"]; ok {
+			t.Errorf("%s: ix_delay_task_state_topic (%s) is still there", when, cols)
+		}
+	}
+	for _, q := range []string{
+		"ALTER TABLE delay_task DROP INDEX ix_delay_task_state_due, ADD INDEX ix_delay_task_state_due (state, due_ms), ADD INDEX ix_delay_task_state_topic (state, topic)",
+		"DELETE FROM delaybridge_migration WHERE version = 6",
+	} {
+		if _, err := b.db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if applied, err := outbox.Migrate(b.ctx, b.db); err != nil || !slices.Equal(applied, []int{6}) {
+		t.Fatalf("Migrate applied %v, err %v; want [6]", applied, err)
+	}
+	check("first run")
+	// A crash after both statements, before the record: the run again
+	// finds the old index gone and records the migration.
+	if _, err := b.db.Exec("DELETE FROM delaybridge_migration WHERE version = 6"); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := outbox.Migrate(b.ctx, b.db); err != nil || !slices.Equal(applied, []int{6}) {
+		t.Fatalf("Migrate again applied %v, err %v; want [6]", applied, err)
+	}
+	check("second run")
+
+	for name, q := range map[string]string{
+		"count by state and topic": outbox.CountQuery,
+		"relay claim": `SELECT id FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = 'pending' AND due_ms <= 5 AND next_attempt_ms <= 5 AND published_ms <= 5 ORDER BY due_ms LIMIT 10`,
+	} {
+		var (
+			id                                     int
+			selType, table, typ, keys, key, keyLen sql.NullString
+			ref, rowsN, extra                      sql.NullString
+		)
+		if err := b.db.QueryRow("EXPLAIN "+q).Scan(&id, &selType, &table, &typ, &keys, &key, &keyLen, &ref, &rowsN, &extra); err != nil {
+			t.Fatalf("%s: EXPLAIN: %v", name, err)
+		}
+		if key.String != "ix_delay_task_state_due" {
+			t.Errorf("%s: EXPLAIN key=%s extra=%q; want ix_delay_task_state_due", name, key.String, extra.String)
+		}
+		if name == "count by state and topic" && !strings.Contains(extra.String, "Using index") {
+			t.Errorf("%s: EXPLAIN extra=%q; want the index alone read (Using index)", name, extra.String)
+		}
+		if name == "relay claim" && strings.Contains(extra.String, "filesort") {
+			t.Errorf("%s: EXPLAIN extra=%q; want the index's order, no filesort", name, extra.String)
+		}
+	}
 }

@@ -226,9 +226,13 @@ ON DUPLICATE KEY UPDATE computed_ms = VALUES(computed_ms), took_ms = VALUES(took
 	return nil
 }
 
+// countQuery counts every task by state and topic. It reads the (state,
+// due_ms, id, topic) index alone, never a row (migration 0006).
+const countQuery = "SELECT state, topic, COUNT(*) FROM delay_task FORCE INDEX (ix_delay_task_state_due) GROUP BY state, topic"
+
 // countTasks counts every task by state and topic.
 func countTasks(ctx context.Context, q Querier) (map[State]map[string]int, error) {
-	rows, err := q.QueryContext(ctx, "SELECT state, topic, COUNT(*) FROM delay_task GROUP BY state, topic")
+	rows, err := q.QueryContext(ctx, countQuery)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: count tasks: %w", err)
 	}

@@ -1,0 +1,4 @@
+package outbox
+
+// CountQuery is the background count's query, for EXPLAIN in tests.
+const CountQuery = countQuery
