@@ -180,8 +180,18 @@ func interpolationSafe(collation string) bool {
 	return true
 }
 
-// OpenDB opens and pings the outbox database; the password never appears
-// in the error.
+// DefaultMaxIdleConns is how many idle connections OpenDB keeps open.
+// database/sql keeps 2 unless told, and closes every other connection as
+// it is released; a relay's claim loops and probe, the scanner, the
+// cleaner and a consumer's group workers use about a dozen at once, so with
+// 2 a busy process opened a new connection for most claims and groups: 95
+// in one run of the 5,000-a-second bench, against 14 with its pool kept.
+// A service that opens its own *sql.DB for NewClient should keep as many.
+const DefaultMaxIdleConns = 16
+
+// OpenDB opens and pings the outbox database, keeping up to
+// DefaultMaxIdleConns connections idle; the password never appears in the
+// error.
 func (c Config) OpenDB(ctx context.Context) (*sql.DB, error) {
 	cfg, err := c.MySQLConfig()
 	if err != nil {
@@ -192,6 +202,7 @@ func (c Config) OpenDB(ctx context.Context) (*sql.DB, error) {
 		return nil, fmt.Errorf("database %s: %w", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN))
 	}
 	db := sql.OpenDB(conn)
+	db.SetMaxIdleConns(DefaultMaxIdleConns)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {

@@ -25,6 +25,7 @@ import (
 // reports it as a percentage of one core (cpu_%).
 func BenchmarkIdle(b *testing.B) {
 	db, _ := testenv.ScratchDB(b)
+	db.SetMaxIdleConns(delaybridge.DefaultMaxIdleConns) // the pool Config.OpenDB gives
 	ctx := context.Background()
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		b.Fatal(err)
