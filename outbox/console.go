@@ -13,9 +13,10 @@ import (
 )
 
 // The reads behind the operator's console (`delaybridge console`). Every one
-// is a bounded range of an index: the (topic, task_key) unique key, the
-// (state, due_ms) index or the (state, topic) index, with a LIMIT, so a page
-// costs the same on a thousand rows as on millions. None of them writes.
+// is a range of an index, the (topic, task_key) unique key or the (state,
+// due_ms, id, topic) index, with a LIMIT, so a page costs the same on a
+// thousand rows as on millions; a topic filter on a state's range reads
+// index entries (never rows) until it fills the page. None of them writes.
 
 // States lists every task state, in the order the console shows them.
 var States = []State{StatePending, StatePublished, StateDead, StateDone, StateCancelled}
