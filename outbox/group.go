@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // HandlerFunc is the business function of a task: it runs in tx, the
@@ -46,7 +45,7 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		switch {
 		case errors.As(err, &fe) && failed == nil:
 			failed = map[int]error{fe.i: fe.err}
-		case isDeadlock(err) && deadlocks < groupDeadlockRetries && ctx.Err() == nil:
+		case store.IsDeadlock(err) && deadlocks < groupDeadlockRetries && ctx.Err() == nil:
 			// The server chose this group as a deadlock's victim and
 			// rolled it back whole; running it again is what it asks
 			// for, and far cheaper than one transaction per message.
@@ -60,13 +59,6 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 // groupDeadlockRetries is how many times HandleGroup runs a group again
 // after the server rolled it back to break a deadlock.
 const groupDeadlockRetries = 3
-
-// isDeadlock reports whether err is the server's deadlock verdict (MySQL
-// and MariaDB error 1213), which rolls the whole transaction back.
-func isDeadlock(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1213
-}
 
 // firstFailure is handleGroup's answer, on its first attempt, when fn
 // failed for message i: that attempt is rolled back and the group runs

@@ -7,11 +7,14 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/delaybridge/delaybridge/broker"
 )
@@ -233,7 +236,14 @@ func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []string, 
 				args = append(args, st)
 			}
 			args = append(append(args, gen), chunk...)
-			res, err := db.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET "+set+" WHERE lease_owner = ? AND state IN "+InList(len(from))+" AND generation = ? AND id IN "+InList(len(chunk)), args...)
+			query := "UPDATE delay_task FORCE INDEX (PRIMARY) SET " + set + " WHERE lease_owner = ? AND state IN " + InList(len(from)) + " AND generation = ? AND id IN " + InList(len(chunk))
+			res, err := db.ExecContext(ctx, query, args...)
+			// A deadlock's victim is rolled back whole; unrecorded, its rows
+			// would stay leased until the lease expired and be published
+			// again then. Running it again is what the server asks for.
+			for retries := 0; IsDeadlock(err) && retries < outcomeDeadlockRetries && ctx.Err() == nil; retries++ {
+				res, err = db.ExecContext(ctx, query, args...)
+			}
 			if err != nil {
 				return n, fmt.Errorf("outbox: record claim outcome: %w", err)
 			}
@@ -242,6 +252,17 @@ func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []string, 
 		}
 	}
 	return n, nil
+}
+
+// outcomeDeadlockRetries is how many times an outcome statement runs again
+// after the server chose it as a deadlock's victim.
+const outcomeDeadlockRetries = 3
+
+// IsDeadlock reports whether err is the server's deadlock verdict (MySQL
+// and MariaDB error 1213), which rolls the whole transaction back.
+func IsDeadlock(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1213
 }
 
 // maxInList keeps one statement's placeholders far below the server's
