@@ -418,6 +418,9 @@ func TestScanner_RescuesEveryTaskTheBrokerLost(t *testing.T) {
 		}
 		f.waitDone(t, n, 60*time.Second)
 		f.checkOnce(t, n)
+		// The hook runs after the rescue is recorded, and a consumer may
+		// finish the tasks before the scanner gets there: wait for it.
+		testutil.Eventually(5*time.Second, 10*time.Millisecond, func() bool { return rescued.Load() >= n })
 		if got := f.count(t, "SELECT COALESCE(SUM(rescues), 0) FROM delay_task"); got != n || rescued.Load() != n {
 			t.Fatalf("rescue count %d on the rows, %d reported; want %d (everything was lost once)", got, rescued.Load(), n)
 		}
