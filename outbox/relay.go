@@ -22,10 +22,13 @@ type RelayConfig struct {
 	// BatchSize is how many rows one claim takes. Default 1000: larger
 	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
 	BatchSize int
-	// Workers is how many claim loops run at once; SKIP LOCKED keeps their
-	// batches apart. A relay that is ahead (the oldest row of its last
-	// claim due more than half the lookahead away) runs them one at a
-	// time, resting after each full batch as long as it took. Default 4.
+	// Workers is how many claim loops run at once. Their claims take
+	// turns, each past the last full batch while they drain a backlog,
+	// and their publishes run side by side; SKIP LOCKED keeps their
+	// batches apart from other relays'. A relay that is ahead (the oldest
+	// row of its last claim due more than half the lookahead away) runs
+	// the whole loop one at a time, resting after each full batch as long
+	// as it took. Default 4.
 	Workers int
 	// Lookahead publishes only rows due within it: a task far from due
 	// waits in the database (cheap, and cancelled for free) and moves into
@@ -172,6 +175,25 @@ type Relay struct {
 	// loops then claim one at a time, holding serial.
 	ahead  atomic.Bool
 	serial chan struct{}
+	resume resumePoint
+}
+
+// resumePoint is where the claim loops of a relay draining a backlog claim
+// next. Each full batch leaves its last row's place here, and the next
+// claim starts past it instead of at the head of the index, where the rows
+// of the batches still being published wait, leased: one claim would
+// otherwise read each of them again, and a lock and a lookup of the row
+// each cost the database more than taking a row (a third of its work for
+// a relay draining with 4 loops). Rows that become claimable before the
+// point (a task scheduled due sooner, a failed publish due for its retry,
+// a lease that expired) are taken by a claim from the head: the first
+// claim after a claim came up short, the first after a Nudge or after the
+// probe found such a row, and at least one every rescan.
+type resumePoint struct {
+	mu      sync.Mutex // held across a loop's claim: loops claim one at a time
+	at      atomic.Pointer[store.Position]
+	scanned time.Time   // when the last claim from the head began
+	stale   atomic.Bool // a row may be claimable before at
 }
 
 // NewRelay returns a relay from db to pub.
@@ -235,7 +257,11 @@ func (r *Relay) Lookahead() time.Duration { return r.cfg.Lookahead }
 
 // Nudge wakes an idle claim loop at once. Producers in the same process call
 // it after committing a Schedule to cut the relay's latency to a round trip.
-func (r *Relay) Nudge() { r.wake(false) }
+// The next claim starts at the head of the index, where the new task may be.
+func (r *Relay) Nudge() {
+	r.resume.stale.Store(true)
+	r.wake(false)
+}
 
 // wake wakes an idle claim loop; urgent says a row is due within urgent().
 func (r *Relay) wake(urgent bool) {
@@ -284,7 +310,10 @@ func (r *Relay) probe(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if ok, err := r.ready(ctx, min(r.cfg.Lookahead, r.urgent())); ok && err == nil {
+		if first, err := r.first(ctx, min(r.cfg.Lookahead, r.urgent())); first != nil && err == nil {
+			if at := r.resume.at.Load(); at != nil && first.Before(*at) {
+				r.resume.stale.Store(true)
+			}
 			for range r.cfg.Workers {
 				r.wake(true)
 			}
@@ -293,23 +322,34 @@ func (r *Relay) probe(ctx context.Context) {
 }
 
 // ready reports whether a claim would find a row due within ahead (any
-// row if the relay has no lookahead), with one read of the (state, due_ms)
+// row if the relay has no lookahead).
+func (r *Relay) ready(ctx context.Context, ahead time.Duration) (bool, error) {
+	first, err := r.first(ctx, ahead)
+	return first != nil, err
+}
+
+// first returns the place of the first row a claim from the head of the
+// index would take among those due within ahead (any row if the relay has
+// no lookahead), nil if none, with one read of the (state, due_ms, id)
 // index, without a lock or a transaction. Its numbers are written into the
 // statement, so it costs one round trip whatever the DSN's
 // interpolateParams.
-func (r *Relay) ready(ctx context.Context, ahead time.Duration) (bool, error) {
+func (r *Relay) first(ctx context.Context, ahead time.Duration) (*store.Position, error) {
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
 	if r.cfg.Lookahead > 0 {
 		limit = now.Add(ahead).UnixMilli()
 	}
-	var one int
-	err := r.db.QueryRowContext(ctx, "SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = 'pending' AND due_ms <= "+
-		strconv.FormatInt(limit, 10)+" AND next_attempt_ms <= "+strconv.FormatInt(now.UnixMilli(), 10)+" LIMIT 1").Scan(&one)
+	var p store.Position
+	err := r.db.QueryRowContext(ctx, "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = 'pending' AND due_ms <= "+
+		strconv.FormatInt(limit, 10)+" AND next_attempt_ms <= "+strconv.FormatInt(now.UnixMilli(), 10)+" ORDER BY due_ms, id LIMIT 1").Scan(&p.DueMS, &p.ID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+		return nil, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
 }
 
 // urgent is how soon a row must be due for the probe to wake a paced
@@ -403,7 +443,7 @@ func (r *Relay) loop(ctx context.Context) {
 // relay's work spreads over the pace instead of coming all at once.
 func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
 	if urgent || !r.ahead.Load() {
-		return r.Once(ctx)
+		return r.once(ctx, true)
 	}
 	select {
 	case r.serial <- struct{}{}:
@@ -412,7 +452,7 @@ func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
 	}
 	defer func() { <-r.serial }()
 	began := time.Now()
-	n, err := r.Once(ctx)
+	n, err := r.once(ctx, true)
 	if err == nil && n == r.cfg.BatchSize && r.ahead.Load() {
 		t := time.NewTimer(time.Since(began))
 		defer t.Stop()
@@ -430,17 +470,28 @@ func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
 // recorded only on rows the claim still owns: a task cancelled or
 // rescheduled meanwhile keeps what its owner did. If ctx ends mid-publish,
 // the rows the broker did not confirm are released for the next claim.
-func (r *Relay) Once(ctx context.Context) (int, error) {
+func (r *Relay) Once(ctx context.Context) (int, error) { return r.once(ctx, false) }
+
+// once is Once; a claim loop's (loop true) may resume where the loops'
+// last full batch ended (see resumePoint).
+func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
 	if r.cfg.Lookahead > 0 {
 		limit = now.Add(r.cfg.Lookahead).UnixMilli()
 	}
 	owner := store.NewLeaseOwner()
-	batch, err := store.ClaimLeased(ctx, r.db, store.ClaimSpec{
+	spec := store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
 		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
-	})
+	}
+	var batch []store.Claimed
+	var err error
+	if loop {
+		batch, err = r.claimNext(ctx, spec)
+	} else {
+		batch, err = store.ClaimLeased(ctx, r.db, spec)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)
 	}
@@ -540,6 +591,45 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 		return claimed, ctx.Err()
 	}
 	return claimed, nil
+}
+
+// claimNext runs a claim loop's claim, one loop at a time: from the
+// resume point while the loops drain a backlog, from the head of the index
+// when a row may have become claimable before it, or a rescan is due.
+func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Claimed, error) {
+	p := &r.resume
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	began := time.Now()
+	if at := p.at.Load(); at != nil && !p.stale.Load() && began.Sub(p.scanned) < r.rescan() {
+		spec.After = at
+	} else {
+		// Cleared before the claim reads: a row scheduled while it runs
+		// marks the point stale again.
+		p.stale.Store(false)
+		p.scanned = began
+	}
+	batch, err := store.ClaimLeased(ctx, r.db, spec)
+	if err != nil || len(batch) < spec.Limit {
+		// Caught up (or failed): the next claim starts at the head.
+		p.at.Store(nil)
+		return batch, err
+	}
+	last := store.PositionOf(batch[len(batch)-1])
+	p.at.Store(&last)
+	return batch, nil
+}
+
+// rescan is how long claims may resume past the head of the index before
+// one starts at the head again: a pace, so a row that became claimable
+// before the resume point unseen by the probe (due later than urgent())
+// still reaches the broker at least a pace before it is due; IdleMax when
+// the relay does not pace.
+func (r *Relay) rescan() time.Duration {
+	if r.cfg.Pace > 0 {
+		return r.cfg.Pace
+	}
+	return r.cfg.IdleMax
 }
 
 // recordTimeout bounds recording one claim's outcome, which runs on after

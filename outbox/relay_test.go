@@ -514,3 +514,76 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 		})
 	}
 }
+
+// A relay draining a backlog claims each batch past the last one (the
+// rows before it are still being published), yet a row that becomes
+// claimable before that point while it drains is taken long before the
+// drain ends: found by the probe when it is due soon, after a Nudge when
+// this process scheduled it, and by the rescan a pace later otherwise.
+func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		lookahead time.Duration // the pace is a fifth of it, the rescan a pace
+		backlog   time.Duration // the backlog is due this far out: ahead, so one loop claims at a time and rests
+		probe     time.Duration
+		nudge     bool
+		due       time.Duration // of the row scheduled mid-drain, from then
+	}{
+		// A 10 s rescan, longer than the drain: only the probe (a row due
+		// within urgent(), two paces and a probe) or the Nudge can find it.
+		{"probe", time.Minute, 40 * time.Second, 0, false, time.Second},
+		{"nudge", time.Minute, 40 * time.Second, -1, true, time.Second},
+		// A 1 s rescan and a row due later than urgent(), the probe off.
+		{"rescan", 10 * time.Second, 8 * time.Second, -1, false, 4 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: c.lookahead}})
+			t.Cleanup(func() { _ = mem.Close() })
+			tasks := make([]outbox.Task, 4000)
+			due := time.Now().Add(c.backlog)
+			for i := range tasks {
+				tasks[i] = outbox.Task{Topic: "drain", Key: fmt.Sprintf("k-%d", i), DueAt: due}
+			}
+			if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+				t.Fatal(err)
+			}
+			pub := &countingPublisher{Publisher: &overlapPublisher{Publisher: mem, hold: 50 * time.Millisecond, gap: -1}, seen: map[string]int{}}
+			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100, Probe: c.probe, Pace: c.lookahead / 5})
+			ctx, cancel := context.WithCancel(b.ctx)
+			done := make(chan struct{})
+			go func() { _ = r.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+
+			if !testutil.Eventually(10*time.Second, 5*time.Millisecond, func() bool { return b.count(t, "state = 'published'") >= 500 }) {
+				t.Fatal("after 10s: the drain has not begun")
+			}
+			b.schedule(t, outbox.Task{Topic: "drain", Key: "late-comer", DueAt: time.Now().Add(c.due)})
+			if c.nudge {
+				r.Nudge()
+			}
+			var left int // backlog rows still pending when the late comer was published
+			if !testutil.Eventually(20*time.Second, 5*time.Millisecond, func() bool {
+				left = b.count(t, "state = 'pending' AND task_key <> 'late-comer'")
+				return b.count(t, "task_key = 'late-comer' AND state = 'published'") == 1
+			}) {
+				t.Fatal("after 20s: the row scheduled mid-drain is not published")
+			}
+			if left == 0 {
+				t.Fatal("the row scheduled mid-drain was published only once the drain was over")
+			}
+			if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks)+1 }) {
+				t.Fatalf("after 20s: %d of %d published", b.count(t, "state = 'published'"), len(tasks)+1)
+			}
+			pub.mu.Lock()
+			defer pub.mu.Unlock()
+			for k, n := range pub.seen {
+				if n != 1 {
+					t.Fatalf("%s published %d times", k, n)
+				}
+			}
+		})
+	}
+}

@@ -54,6 +54,27 @@ type ClaimSpec struct {
 	// oldest first while their payloads fit (the first always does). Zero
 	// means no bound.
 	MaxBytes int64
+	// After, when set, makes the claim start past this row of the index
+	// rather than at its beginning: only rows after After in (due_ms, id)
+	// order are taken. A claimer draining a backlog passes the last row of
+	// its previous claim, so the claim does not read again, one by one,
+	// the rows still leased to the claims before it.
+	After *Position
+}
+
+// Position is a row's place in the (state, due_ms, id) index.
+type Position struct {
+	DueMS, ID int64
+}
+
+// Before reports whether p comes before q in the index.
+func (p Position) Before(q Position) bool {
+	return p.DueMS < q.DueMS || p.DueMS == q.DueMS && p.ID < q.ID
+}
+
+// PositionOf returns where the claimed row c is in the index.
+func PositionOf(c Claimed) Position {
+	return Position{DueMS: c.Message.DeliverAt.UnixMilli(), ID: c.Message.TaskID}
 }
 
 // NewLeaseOwner returns a random non-zero lease owner for one claim.
@@ -75,7 +96,7 @@ func NewLeaseOwner() int64 {
 // Release), and a row whose lease expired unrecorded is taken again.
 //
 // It is the one query the relay (pending rows) and the scanner (published
-// rows overdue) share: a range of the (state, due_ms) index.
+// rows overdue) share: a range of the (state, due_ms, id) index.
 func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
@@ -85,10 +106,17 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 	// Rows past MaxBytes are read and dropped, never kept: a batch of large
 	// payloads never sits in memory whole, and they stay for the next claim
 	// (their locks go with the commit; only kept rows are leased).
+	after, args := "", []any{spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost}
+	if p := spec.After; p != nil {
+		// Two ranges of the index: the rest of After's due_ms, then
+		// every later due_ms.
+		after = " AND (due_ms > ? OR due_ms = ? AND id > ?)"
+		args = append(args, p.DueMS, p.DueMS, p.ID)
+	}
 	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?
-ORDER BY due_ms LIMIT ? FOR UPDATE SKIP LOCKED`, spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost, spec.Limit)
+WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?`+after+`
+ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}

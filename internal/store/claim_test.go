@@ -1,0 +1,112 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/internal/store"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// A claim given After takes the rows after it in (due_ms, id) order, ties
+// of due_ms included, and reads the index from there: not the rows before
+// it, which earlier claims still hold leased. The statement's index reads
+// are counted on the claim's own connection (the pool has one).
+func TestClaimLeased_AfterStartsPastTheRowsEarlierClaimsHold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := testenv.ScratchDB(t)
+	db.SetMaxOpenConns(1)
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	// 600 rows on 3 due times, 200 each, so claims of 150 end inside one.
+	base := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	tasks := make([]outbox.Task, 600)
+	for i := range tasks {
+		tasks[i] = outbox.Task{Topic: "after", Key: fmt.Sprintf("k-%03d", i), DueAt: base.Add(time.Duration(i/200) * time.Second)}
+	}
+	if err := outbox.ScheduleMany(ctx, db, tasks); err != nil {
+		t.Fatal(err)
+	}
+	var order []store.Position // every row, as a claim from the head takes them
+	rows, err := db.QueryContext(ctx, "SELECT due_ms, id FROM delay_task ORDER BY due_ms, id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var p store.Position
+		if err := rows.Scan(&p.DueMS, &p.ID); err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, p)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	const limit = 150
+	claim := func(after *store.Position) ([]store.Claimed, int) {
+		t.Helper()
+		before := indexReads(t, db)
+		now := time.Now()
+		batch, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(),
+			ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1, Limit: limit, Owner: store.NewLeaseOwner(),
+			LeaseUntil: now.Add(time.Hour).UnixMilli(), After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return batch, indexReads(t, db) - before
+	}
+	var after *store.Position
+	for n := 0; n < len(order); n += limit {
+		batch, reads := claim(after)
+		if len(batch) != limit {
+			t.Fatalf("claim %d: %d rows, want %d", n/limit, len(batch), limit)
+		}
+		for i, c := range batch {
+			if got := store.PositionOf(c); got != order[n+i] {
+				t.Fatalf("claim %d, row %d: %+v, want %+v (the next in due, id order)", n/limit, i, got, order[n+i])
+			}
+		}
+		// Each row it takes twice, in the index and by id to lease it,
+		// and the entry past them that ends the range.
+		if reads > 2*limit+1 {
+			t.Fatalf("claim %d after %+v read %d index entries for %d rows: it read again the %d rows earlier claims hold",
+				n/limit, after, reads, limit, n)
+		}
+		last := store.PositionOf(batch[len(batch)-1])
+		after = &last
+	}
+	// From the head, the same claim reads every leased row again to find none.
+	if batch, reads := claim(nil); len(batch) != 0 || reads < len(order) {
+		t.Fatalf("a claim from the head: %d rows after %d index reads; want 0 rows after reading the %d leased", len(batch), reads, len(order))
+	}
+}
+
+// indexReads is how many index entries db's one connection has read.
+func indexReads(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var total int
+	rows, err := db.Query("SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_key', 'Handler_read_next')")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var n int
+		if err := rows.Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return total
+}
