@@ -317,3 +317,37 @@ func TestNew_RejectsBadConfig(t *testing.T) {
 		t.Error("business source name with a space accepted")
 	}
 }
+
+// A pass with nothing to rescue reads the index once and opens no
+// transaction; one with a task to rescue claims it. Transactions are
+// counted on the scanner's one connection.
+func TestScanner_APassWithNothingOverdueOpensNoTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.db.SetMaxOpenConns(1)
+	b.task(t, "in-flight", outbox.StatePublished, time.Now().Add(time.Minute))
+	b.task(t, "done", outbox.StateDone, time.Now().Add(-time.Minute))
+	s := b.scanner(t, b.mem, scanner.Config{})
+	begins := func() int {
+		t.Helper()
+		var name string
+		var n int
+		if err := b.db.QueryRow("SHOW SESSION STATUS LIKE 'Com_begin'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := begins()
+	for range 10 {
+		if n, err := s.Rescue(b.ctx); err != nil || n != 0 {
+			t.Fatalf("Rescue = %d, %v; want nothing", n, err)
+		}
+	}
+	if n := begins() - before; n != 0 {
+		t.Fatalf("10 passes with nothing overdue began %d transactions, want 0", n)
+	}
+	b.task(t, "lost", outbox.StatePublished, time.Now().Add(-time.Minute))
+	if n, err := s.Rescue(b.ctx); err != nil || n != 1 {
+		t.Fatalf("Rescue = %d, %v; want the lost task", n, err)
+	}
+}

@@ -110,3 +110,46 @@ func indexReads(t *testing.T, db *sql.DB) int {
 	}
 	return total
 }
+
+// Claimable says whether a claim would find a row: not while the only row
+// is leased, yes once its lease has expired; and it refuses a state no
+// claim takes.
+func TestClaimable_SeesWhatAClaimWouldTake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := testenv.ScratchDB(t)
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "look", Key: "k", DueAt: time.Now().Add(-time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	spec := func(at time.Time) store.ClaimSpec {
+		return store.ClaimSpec{State: store.Pending, DueAtMost: at.UnixMilli(), ReadyAtMost: at.UnixMilli(), PublishedAtMost: 1<<63 - 1,
+			Limit: 10, Owner: 1, LeaseUntil: now.Add(time.Minute).UnixMilli()}
+	}
+	look := func(at time.Time) bool {
+		t.Helper()
+		ok, err := store.Claimable(ctx, db, spec(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !look(now) {
+		t.Fatal("a due pending row: Claimable = false")
+	}
+	if batch, err := store.ClaimLeased(ctx, db, spec(now)); err != nil || len(batch) != 1 {
+		t.Fatalf("claim: %d rows, %v", len(batch), err)
+	}
+	if look(now) {
+		t.Fatal("the only row leased for a minute: Claimable = true")
+	}
+	if !look(now.Add(2 * time.Minute)) {
+		t.Fatal("the lease expired: Claimable = false")
+	}
+	if _, err := store.Claimable(ctx, db, store.ClaimSpec{State: "done'; --"}); err == nil {
+		t.Fatal("Claimable took a state no claim takes")
+	}
+}
