@@ -127,6 +127,7 @@ type benchFlags struct {
 	dbOnly     bool
 	pace       time.Duration
 	topic      string
+	noNudge    bool
 }
 
 func (o *benchFlags) register(f *pflag.FlagSet) {
@@ -153,6 +154,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+	f.BoolVar(&o.noNudge, "no-nudge", false, "the producers do not wake the relay after each commit, as when the relay runs in another process (delaybridge run): it finds each task through its probe, so with --delay 0s the lateness measures how fast an out-of-process relay reacts")
 	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker (delivering each message at its due time, 30,000 in flight) instead of --broker, to measure in the same session what the database and this process allow on the workload, with no broker's cost")
 }
 
@@ -497,7 +499,11 @@ func (b *benchSession) schedule(ctx context.Context) error {
 				if o.anchored {
 					anchor = start
 				}
-				if err := benchSchedule(ctx, b.db, b.tasks, anchor, first, last, o.delay, o.spread, o.tasks, b.relay, o.handler == "db"); err != nil {
+				relay := b.relay
+				if o.noNudge {
+					relay = nil
+				}
+				if err := benchSchedule(ctx, b.db, b.tasks, anchor, first, last, o.delay, o.spread, o.tasks, relay, o.handler == "db"); err != nil {
 					perrOnce.Do(func() { perr = err })
 					return
 				}
@@ -612,7 +618,8 @@ func processCPU() float64 {
 }
 
 // benchSchedule schedules tasks [first, last) in one transaction, task i
-// due at anchor + delay + its share i/n of spread.
+// due at anchor + delay + its share i/n of spread, and nudges relay (if
+// not nil) once it committed.
 func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.Time, first, last int, delay, spread time.Duration, n int, relay *outbox.Relay, orders bool) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -652,7 +659,9 @@ func benchSchedule(ctx context.Context, db *sql.DB, run *benchRun, anchor time.T
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	relay.Nudge()
+	if relay != nil {
+		relay.Nudge()
+	}
 	return nil
 }
 

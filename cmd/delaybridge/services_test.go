@@ -185,6 +185,15 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 			checkBenchPhases(t, m)
 		})
 	}
+	// Nothing wakes the relay after a commit: its probe finds each task.
+	t.Run("no nudge", func(t *testing.T) {
+		_, dsn := testenv.ScratchDB(t)
+		out := mustRun(t, "bench", "--mysql-dsn", dsn, "--database-only", "--no-nudge", "--tasks", "20", "--rate", "20", "--delay", "0s",
+			"--handler", "db", "--json", "--wait", "30s", "--log-level", "error")
+		if m := lastJSON(t, out); m["handled"] != 20.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
+			t.Fatalf("no-nudge summary %v", m)
+		}
+	})
 	t.Run("relay only", func(t *testing.T) {
 		_, dsn := testenv.ScratchDB(t)
 		out := mustRun(t, "bench", "--mysql-dsn", dsn, "--database-only", "--relay-only", "--preload", "--baseline", "--tasks", "300", "--json", "--log-level", "error")
