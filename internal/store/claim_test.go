@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -19,11 +18,8 @@ import (
 func TestClaimLeased_AfterStartsPastTheRowsEarlierClaimsHold(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, _ := testenv.ScratchDB(t)
+	db := migrated(t)
 	db.SetMaxOpenConns(1)
-	if _, err := outbox.Migrate(ctx, db); err != nil {
-		t.Fatal(err)
-	}
 	// 600 rows on 3 due times, 200 each, so claims of 150 end inside one.
 	base := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	tasks := make([]outbox.Task, 600)
@@ -117,10 +113,7 @@ func indexReads(t *testing.T, db *sql.DB) int {
 func TestClaimable_SeesWhatAClaimWouldTake(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, _ := testenv.ScratchDB(t)
-	if _, err := outbox.Migrate(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	db := migrated(t)
 	if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "look", Key: "k", DueAt: time.Now().Add(-time.Second)}); err != nil {
 		t.Fatal(err)
 	}

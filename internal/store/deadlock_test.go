@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -20,10 +19,7 @@ import (
 func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, _ := testenv.ScratchDB(t)
-	if _, err := outbox.Migrate(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	db := migrated(t)
 	for _, k := range []string{"a", "b"} {
 		if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "dl", Key: k, DueAt: time.Now()}); err != nil {
 			t.Fatal(err)

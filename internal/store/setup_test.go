@@ -1,0 +1,20 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// migrated returns a scratch database with delaybridge's tables.
+func migrated(t *testing.T) *sql.DB {
+	t.Helper()
+	db, _ := testenv.ScratchDB(t)
+	if _, err := outbox.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
