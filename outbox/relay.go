@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -330,26 +329,14 @@ func (r *Relay) ready(ctx context.Context, ahead time.Duration) (bool, error) {
 
 // first returns the place of the first row a claim from the head of the
 // index would take among those due within ahead (any row if the relay has
-// no lookahead), nil if none, with one read of the (state, due_ms, id)
-// index, without a lock or a transaction. Its numbers are written into the
-// statement, so it costs one round trip whatever the DSN's
-// interpolateParams.
+// no lookahead), nil if none, with one read of the index (store.First).
 func (r *Relay) first(ctx context.Context, ahead time.Duration) (*store.Position, error) {
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
 	if r.cfg.Lookahead > 0 {
 		limit = now.Add(ahead).UnixMilli()
 	}
-	var p store.Position
-	err := r.db.QueryRowContext(ctx, "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = 'pending' AND due_ms <= "+
-		strconv.FormatInt(limit, 10)+" AND next_attempt_ms <= "+strconv.FormatInt(now.UnixMilli(), 10)+" ORDER BY due_ms, id LIMIT 1").Scan(&p.DueMS, &p.ID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return store.First(ctx, r.db, store.ClaimSpec{State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1})
 }
 
 // urgent is how soon a row must be due for the probe to wake a paced

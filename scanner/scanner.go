@@ -270,10 +270,11 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	}
 	// Most passes find nothing: one read tells, where an empty claim is a
 	// transaction of four round trips.
-	if ok, err := store.Claimable(ctx, s.db, spec); err != nil || !ok {
-		if err != nil {
-			return 0, fmt.Errorf("scanner: %w", err)
-		}
+	first, err := store.First(ctx, s.db, spec)
+	if err != nil {
+		return 0, fmt.Errorf("scanner: %w", err)
+	}
+	if first == nil {
 		return 0, nil
 	}
 	claimed, err := store.ClaimLeased(ctx, s.db, spec)

@@ -176,28 +176,29 @@ ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)...
 	return out, nil
 }
 
-// Claimable reports whether ClaimLeased(spec) would find a row, with one
-// read of the index and neither a lock nor a transaction: an empty claim
-// is four round trips (isolation, begin, select, commit), this is one. A
-// row another claim holds locked still counts. Its numbers are written
-// into the statement, so it costs one round trip whatever the DSN's
-// interpolateParams.
-func Claimable(ctx context.Context, db *sql.DB, spec ClaimSpec) (bool, error) {
+// First returns the place of the first row ClaimLeased(spec) would take
+// from the head of the index (After is not read), nil if there is none,
+// with one read of the index and neither a lock nor a transaction: a
+// claimer looks with it before it claims, as an empty claim is four round
+// trips (isolation, begin, select, commit). A row another claim holds
+// locked still counts. Its numbers are written into the statement, so it
+// costs one round trip whatever the DSN's interpolateParams.
+func First(ctx context.Context, db *sql.DB, spec ClaimSpec) (*Position, error) {
 	if spec.State != Pending && spec.State != Published {
-		return false, fmt.Errorf("outbox: claimable: state %q is not claimed", spec.State)
+		return nil, fmt.Errorf("outbox: first claimable: state %q is not claimed", spec.State)
 	}
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
-	var one int
-	err := db.QueryRowContext(ctx, "SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '"+spec.State+
+	var p Position
+	err := db.QueryRowContext(ctx, "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '"+spec.State+
 		"' AND due_ms <= "+n(spec.DueAtMost)+" AND next_attempt_ms <= "+n(spec.ReadyAtMost)+
-		" AND published_ms <= "+n(spec.PublishedAtMost)+" LIMIT 1").Scan(&one)
+		" AND published_ms <= "+n(spec.PublishedAtMost)+" ORDER BY due_ms, id LIMIT 1").Scan(&p.DueMS, &p.ID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("outbox: claimable %s: %w", spec.State, err)
+		return nil, fmt.Errorf("outbox: first claimable %s: %w", spec.State, err)
 	}
-	return true, nil
+	return &p, nil
 }
 
 // Outcome statements of a claim. Each runs in its own short transaction

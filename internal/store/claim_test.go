@@ -107,10 +107,10 @@ func indexReads(t *testing.T, db *sql.DB) int {
 	return total
 }
 
-// Claimable says whether a claim would find a row: not while the only row
-// is leased, yes once its lease has expired; and it refuses a state no
+// First finds the row a claim would take: none while the only row is
+// leased, the row once its lease has expired; and it refuses a state no
 // claim takes.
-func TestClaimable_SeesWhatAClaimWouldTake(t *testing.T) {
+func TestFirst_FindsWhatAClaimWouldTake(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := migrated(t)
@@ -124,25 +124,25 @@ func TestClaimable_SeesWhatAClaimWouldTake(t *testing.T) {
 	}
 	look := func(at time.Time) bool {
 		t.Helper()
-		ok, err := store.Claimable(ctx, db, spec(at))
+		p, err := store.First(ctx, db, spec(at))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ok
+		return p != nil
 	}
 	if !look(now) {
-		t.Fatal("a due pending row: Claimable = false")
+		t.Fatal("a due pending row: First found none")
 	}
 	if batch, err := store.ClaimLeased(ctx, db, spec(now)); err != nil || len(batch) != 1 {
 		t.Fatalf("claim: %d rows, %v", len(batch), err)
 	}
 	if look(now) {
-		t.Fatal("the only row leased for a minute: Claimable = true")
+		t.Fatal("the only row leased for a minute: First found it")
 	}
 	if !look(now.Add(2 * time.Minute)) {
-		t.Fatal("the lease expired: Claimable = false")
+		t.Fatal("the lease expired: First found none")
 	}
-	if _, err := store.Claimable(ctx, db, store.ClaimSpec{State: "done'; --"}); err == nil {
-		t.Fatal("Claimable took a state no claim takes")
+	if _, err := store.First(ctx, db, store.ClaimSpec{State: "done'; --"}); err == nil {
+		t.Fatal("First took a state no claim takes")
 	}
 }
