@@ -59,6 +59,14 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	}) {
 		t.Fatalf("run logged no difference naming both prefixes; stderr %q", errOut.String())
 	}
+	// The relay logs the difference before it records itself: wait for
+	// its record, which the next consumer is checked against.
+	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool {
+		var n int
+		return pool.QueryRow("SELECT COUNT(*) FROM delaybridge_presence WHERE role = ?", string(outbox.RoleRelay)).Scan(&n) == nil && n == 1
+	}) {
+		t.Fatal("run recorded no relay presence")
+	}
 
 	// A consumer arriving now with the prefix "shop" fails, naming both.
 	_, err = outbox.Announce(ctx, pool, outbox.Presence{Role: outbox.RoleConsumer, Topology: shop, Topics: []string{"forgotten"}},
