@@ -222,3 +222,59 @@ func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// A quiet relay's probe looks less often, and a Nudge puts it back at
+// Probe. Looks are counted as the SELECTs of the relay's only connection:
+// with IdleMax an hour, the claim loops run only when woken.
+func TestRelay_AQuietProbeSlowsDownAndANudgeSpeedsItUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.db.SetMaxOpenConns(1)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	r := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: time.Hour, IdleMax: time.Hour, Probe: 2 * time.Millisecond, ProbeMax: time.Second})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	selects := func() int {
+		var name string
+		var n int
+		if err := b.db.QueryRowContext(b.ctx, "SHOW SESSION STATUS LIKE 'Com_select'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// looks counts SELECTs over d while nudge, if set, runs every 200 ms:
+	// often enough to keep a 2 ms probe from ever counting as quiet.
+	looks := func(d time.Duration, nudge bool) int {
+		before := selects()
+		end := time.Now().Add(d)
+		for time.Now().Before(end) {
+			if nudge {
+				r.Nudge()
+			}
+			time.Sleep(min(200*time.Millisecond, time.Until(end)))
+		}
+		return selects() - before
+	}
+
+	// ProbeQuietLooks looks at 2 ms and more, then waits of 4 ms doubling
+	// to 1 s: about 3 s, more on a loaded machine.
+	var n int
+	if !testutil.Eventually(30*time.Second, 0, func() bool {
+		n = looks(time.Second, false)
+		return n <= 5
+	}) {
+		t.Fatalf("quiet for 30s: still %d SELECTs a second, want a probe slowed to about one look a second", n)
+	}
+	// The first Nudge takes at most the slowest wait (1 s) to reach the
+	// probe; then each look comes 2 ms after the last. The Nudges' own
+	// claims are 5 a second.
+	looks(1500*time.Millisecond, true)
+	n = looks(time.Second, true)
+	t.Logf("nudged: %d SELECTs in 1s", n)
+	if n < 30 {
+		t.Fatalf("nudged every 200 ms: %d SELECTs in 1s, want a probe back at 2 ms (hundreds)", n)
+	}
+}
