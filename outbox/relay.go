@@ -58,7 +58,8 @@ type RelayConfig struct {
 	// ProbeMax is how seldom the probe looks once the relay is quiet:
 	// after ProbeQuietLooks looks in a row with nothing found, no Nudge
 	// and no claim that took a row, the probe's wait doubles per look up
-	// to ProbeMax, and it is back at Probe after the first of them. A
+	// to ProbeMax; a look that finds a row, or follows a Nudge or such a
+	// claim, puts it back at Probe. A
 	// wake-up costs a process far more CPU than the read (on a small VM a
 	// timer tick alone cost 0.2 ms), so an idle relay polling every 50 ms
 	// spent 1.5 % of a core. Default 4×Probe; set it to Probe to keep one
