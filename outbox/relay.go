@@ -32,7 +32,8 @@ type RelayConfig struct {
 	// Lookahead publishes only rows due within it: a task far from due
 	// waits in the database (cheap, and cancelled for free) and moves into
 	// the broker shortly before it is due. Default: the publisher's advice,
-	// Limits().Lookahead (RabbitMQ 5s, RocketMQ 60s; see docs/tuning.md).
+	// Limits().Lookahead (RabbitMQ ladder 10s, delayed exchange 5s, RocketMQ
+	// 60s; see docs/tuning.md).
 	// Negative publishes every pending row at once, however far its due
 	// time. It must be at least the relay's reaction time (Probe, or
 	// IdleMax without a probe) and at most one broker hop (Limits().MaxHop).

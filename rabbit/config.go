@@ -109,7 +109,10 @@ const (
 	// queue and never pay a dead-letter hop. Hops are what RabbitMQ does
 	// worst: at thousands of tasks due a second, a few hops each leave
 	// them seconds late where no hops keep them on time (BENCHMARKS.md).
-	DefaultLead = 5 * time.Second
+	// Ten seconds lets the relay publish a spike of tasks before it comes
+	// due instead of while it is handled: on 5,000 tasks due a second for
+	// 10 s, the p99 was about half what 5 s gave (docs/tuning.md).
+	DefaultLead = 10 * time.Second
 	// DefaultMaxLength is the x-max-length guard on each ladder queue.
 	DefaultMaxLength = 5_000_000
 	// DefaultConfirmWindow is how many publishes may await their confirm.
@@ -122,8 +125,9 @@ const (
 	// Early messages the runtime holds count against it, so it bounds the
 	// due rate one subscription sustains at Prefetch / (Unit + Lead): with
 	// the defaults about 5.9k tasks/s. The messages held cost the consumer
-	// about their size in memory.
-	DefaultPrefetch = 30000
+	// about their size in memory: at 5,000 due a second, about 60 MB more
+	// than half of it held.
+	DefaultPrefetch = 60000
 	// DefaultConnectionName names the connections in the management UI and
 	// in rabbitmqctl list_connections.
 	DefaultConnectionName = "delaybridge"
@@ -149,11 +153,10 @@ const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
 // ladder level a message passes costs a dead-letter hop, so the broker
 // holds only the next seconds: the ladder's lookahead equals its lead
 // (DefaultLead unless set), so what the relay publishes skips the ladder
-// and waits in the consumer.
-// Five seconds let the relay publish a burst of tens of thousands of tasks
-// due at one instant before it. The plugin's exchange keeps its messages
-// on one node only, so the same short window limits what a lost node
-// takes with it.
+// and waits in the consumer. The plugin's exchange keeps its messages on
+// one node only, so its five seconds limit what a lost node takes with
+// it, and still let the relay publish a burst of tens of thousands of
+// tasks due at one instant before it.
 const (
 	LadderLookahead          = DefaultLead
 	DelayedExchangeLookahead = 5 * time.Second

@@ -230,7 +230,7 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 }
 
 // lookaheadHelp documents --lookahead for run and bench.
-const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 5s, and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
+const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 10s (the delayed exchange 5s), and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
 
 const relayPaceHelp = "how long a relay loop waits after a claim that did not fill its batch while it publishes ahead (at most a fifth of the lookahead): tasks are claimed in batches as they come into the lookahead; one due sooner than two paces wakes the relay at once (negative = claim again at once)"
 
