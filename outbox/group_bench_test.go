@@ -15,8 +15,8 @@ import (
 )
 
 // BenchmarkHandleGroup runs 20,000 published, due tasks through
-// HandleGroup from 8 goroutines in groups of 50, as the consumer runtime
-// does under load, and reports the tasks handled per second: with a
+// HandleGroup from 8 goroutines in groups of broker.DefaultGroupSize, as
+// the consumer runtime does under load, and reports the tasks handled per second: with a
 // handler that writes nothing (fn=none, the cost of the group commit
 // itself) and with the order-timeout handler's one conditional UPDATE
 // (fn=update), so the difference is what the handler's statement costs.
@@ -24,7 +24,7 @@ func BenchmarkHandleGroup(b *testing.B) {
 	const (
 		tasks   = 20_000
 		workers = 8
-		group   = 50
+		group   = broker.DefaultGroupSize
 	)
 	update := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		_, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
