@@ -60,6 +60,9 @@ type benchResult struct {
 	BaselineEndMS   int64 `json:"baseline_end_unix_ms"`
 	RelayStartMS    int64 `json:"relay_start_unix_ms"`
 	RelayEndMS      int64 `json:"relay_end_unix_ms"`
+	// Floor is the same workload run first through the in-process broker
+	// (--floor): what the database and this process alone allowed.
+	Floor *benchResult `json:"floor,omitempty"`
 }
 
 // benchRun tracks one run's tasks by index.
@@ -125,6 +128,7 @@ type benchFlags struct {
 	httpAddr   string
 	relayOnly  bool
 	dbOnly     bool
+	floor      bool
 	pace       time.Duration
 	topic      string
 	noNudge    bool
@@ -156,6 +160,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	f.BoolVar(&o.noNudge, "no-nudge", false, "the producers do not wake the relay after each commit, as when the relay runs in another process (delaybridge run): it finds each task through its probe, so with --delay 0s the lateness measures how fast an out-of-process relay reacts")
 	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker (delivering each message at its due time, 30,000 in flight) instead of --broker, to measure in the same session what the database and this process allow on the workload, with no broker's cost")
+	f.BoolVar(&o.floor, "floor", false, "first run the same workload through --database-only's in-process broker, then through --broker, in this one process, and report both: the floor is what the database and this process alone allow on this box at that moment, so the broker run's lateness above it is the broker's share (the summary line floor and the JSON key floor; scripts/bench-cpu.sh would count both runs' CPU)")
 }
 
 // check checks the workload flags and returns the relay's lookahead.
@@ -165,6 +170,9 @@ func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	}
 	if err := broker.ValidateTopic(o.topic); err != nil {
 		return 0, fmt.Errorf("--topic: %w", err)
+	}
+	if o.floor && (o.dbOnly || o.relayOnly) {
+		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")
 	}
 	ahead, err := lookaheadSetting(fs, o.lookahead)
 	if err != nil {
@@ -201,6 +209,10 @@ alone against a full table. --relay-only leaves its messages in the broker,
 where they keep moving until due (RabbitMQ's ladder re-queues them level by
 level), which loads the broker for later runs: give such runs a
 --rabbit-prefix of their own and delete its queues afterwards.
+--floor first runs the same workload through the in-process broker of
+--database-only, then through --broker, and reports both: when a target is
+out of reach, the floor shows whether the database and this process alone
+could reach it on this box at that moment.
 
 It prints progress to stderr and a summary; with --json the last line of
 stdout is one JSON object. lost = tasks never handled, dup_effects = effects
@@ -241,6 +253,9 @@ type benchSession struct {
 	a     *app
 	o     *benchFlags
 	ahead time.Duration // the relay's lookahead setting
+	// inProcess: cl is the in-process broker (--database-only, or the
+	// floor's run); floorRun: this is the floor's run, reported in a line.
+	inProcess, floorRun bool
 
 	db       *sql.DB
 	cl       *clients
@@ -262,20 +277,46 @@ func (b *benchSession) close() {
 }
 
 func (b *benchSession) execute(ctx context.Context) error {
-	o := b.o
 	if err := b.open(ctx); err != nil {
 		return err
 	}
+	if b.o.floor {
+		floor, err := b.runFloor(ctx)
+		if err != nil {
+			return fmt.Errorf("floor: %w", err)
+		}
+		b.res.Floor = floor
+	}
+	return b.run(ctx)
+}
+
+// runFloor runs the workload through the in-process broker, with the
+// broker's lookahead, on the session's database and metrics, and returns
+// its result; the broker's clients stay open, idle, for the run after it.
+func (b *benchSession) runFloor(ctx context.Context) (*benchResult, error) {
+	f := &benchSession{a: b.a, o: b.o, ahead: b.ahead, db: b.db, m: b.m, inProcess: true, floorRun: true}
+	f.cl = inProcessClients(b.cl.pub.Limits().Lookahead)
+	f.closers = append(f.closers, f.cl.close)
+	defer f.close()
+	err := f.run(ctx)
+	return &f.res, err
+}
+
+// run is one run of the workload through b.cl: schedule, relay, consume,
+// report.
+func (b *benchSession) run(ctx context.Context) error {
+	o := b.o
+	floor := b.res.Floor
 	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), topic: o.topic, due: make([]int64, o.tasks),
 		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks)}
-	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler}
-	if o.dbOnly {
+	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler, Floor: floor}
+	if b.inProcess {
 		b.res.Mode = "database only, " + o.bf.Broker + "'s lookahead"
 	}
 	if err := b.startConsumer(ctx); err != nil {
 		return err
 	}
-	if o.baseline {
+	if o.baseline && !b.floorRun {
 		if err := b.measureBaseline(ctx); err != nil {
 			return err
 		}
@@ -347,7 +388,10 @@ func (b *benchSession) open(ctx context.Context) error {
 		return err
 	}
 	if o.dbOnly {
-		ses.cl = inProcessBroker(ses.cl)
+		lookahead := ses.cl.pub.Limits().Lookahead
+		ses.cl.close()
+		ses.cl = inProcessClients(lookahead)
+		b.inProcess = true
 	}
 	cl := ses.cl
 	b.cl = cl
@@ -360,11 +404,9 @@ func (b *benchSession) open(ctx context.Context) error {
 	return nil
 }
 
-// inProcessBroker closes cl, the broker --broker chose, and returns the
-// in-process broker --database-only runs with, with cl's lookahead.
-func inProcessBroker(cl *clients) *clients {
-	lookahead := cl.pub.Limits().Lookahead
-	cl.close()
+// inProcessClients returns the in-process broker --database-only and
+// --floor run with, advising lookahead as the broker --broker chose does.
+func inProcessClients(lookahead time.Duration) *clients {
 	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: lookahead}, Prefetch: 30000})
 	return &clients{pub: mem, sub: mem, close: func() { _ = mem.Close() },
 		ensure: func(context.Context, ...string) error { return nil }}
@@ -445,7 +487,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 	b.res.BaselineTPS = tps
 	b.res.BaselineStartMS, b.res.BaselineEndMS = start.UnixMilli(), time.Now().UnixMilli()
 	fmt.Fprintf(b.a.stderr, "baseline: %d confirmed publishes at %.0f/s\n", b.o.tasks, tps)
-	if b.o.bf.Broker == "rabbit" && !b.o.dbOnly {
+	if b.o.bf.Broker == "rabbit" && !b.inProcess {
 		cfg, err := b.o.bf.rabbitConfig(b.a)
 		if err != nil {
 			return err
@@ -559,7 +601,8 @@ func (b *benchSession) report() error {
 	res.Lost = int64(o.tasks) - res.Handled
 	res.Early = run.early.Load()
 	if o.handler == "db" {
-		if err := b.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM bench_orders WHERE effects > 1").Scan(&res.DupEffects); err != nil {
+		// This run's orders only: a --floor run's are in the table too.
+		if err := b.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM bench_orders WHERE id LIKE ? AND effects > 1", run.id+"-%").Scan(&res.DupEffects); err != nil {
 			return err
 		}
 	} else {
@@ -589,6 +632,14 @@ func (b *benchSession) report() error {
 	}
 
 	out := b.a.stdout
+	if b.floorRun {
+		fmt.Fprintf(out, "floor (%s), handler %s: handled %d, lost %d, early %d, duplicate effects %d; relayed at %.0f/s\nfloor lateness ms: p50 %d p90 %d p99 %d max %d\n",
+			res.Mode, o.handler, res.Handled, res.Lost, res.Early, res.DupEffects, res.RelayTPS, l.P50, l.P90, l.P99, l.Max)
+		if res.Lost > 0 || res.Early > 0 || (o.handler == "db" && res.DupEffects > 0) {
+			return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
+		}
+		return nil
+	}
 	fmt.Fprintf(out, "bench %s (%s), handler %s: %d tasks, scheduled %d at %.0f/s, relayed at %.0f/s", res.Broker, res.Mode, o.handler, o.tasks, res.Scheduled, res.ScheduleTPS, res.RelayTPS)
 	if o.baseline {
 		fmt.Fprintf(out, " (baseline confirmed publish %.0f/s, relay/baseline %.2f)", res.BaselineTPS, res.RelayTPS/res.BaselineTPS)
@@ -597,6 +648,10 @@ func (b *benchSession) report() error {
 		res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
 	if res.Groups > 0 {
 		fmt.Fprintf(out, "group commit: %d transactions of %.1f messages on average, %.1f ms each\n", res.Groups, res.MeanGroup, res.MeanGroupMS)
+	}
+	if f := res.Floor; f != nil {
+		fmt.Fprintf(out, "floor, the same workload through the database alone just before: lateness ms p50 %d p90 %d p99 %d max %d\n",
+			f.Lateness["p50"], f.Lateness["p90"], f.Lateness["p99"], f.Lateness["max"])
 	}
 	if o.asJSON {
 		j, _ := json.Marshal(res)

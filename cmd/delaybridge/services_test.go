@@ -287,6 +287,36 @@ func TestBench_DatabaseOnlyRunsTheWorkloadWithoutTheBroker(t *testing.T) {
 	}
 }
 
+// --floor runs the workload through the in-process broker first, then
+// through the broker, in one process, and reports both.
+func TestBench_FloorRunsTheDatabaseAloneBeforeTheBroker(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "300", "--delay", "2s", "--per-tx", "50", "--preload", "--anchored",
+		"--handler", "db", "--floor", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+	m := lastJSON(t, out)
+	if m["handled"] != 300.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 || m["mode"] != "ladder" {
+		t.Fatalf("bench summary %v", m)
+	}
+	f, ok := m["floor"].(map[string]any)
+	if !ok {
+		t.Fatalf("no floor in the summary %v", m)
+	}
+	if f["handled"] != 300.0 || f["lost"] != 0.0 || f["early"] != 0.0 || f["dup_effects"] != 0.0 {
+		t.Fatalf("floor summary %v", f)
+	}
+	if mode, _ := f["mode"].(string); !strings.HasPrefix(mode, "database only") {
+		t.Fatalf("floor mode %q, want the in-process broker", mode)
+	}
+	floorEnd, _ := f["last_handled_unix_ms"].(float64)
+	relayStart, _ := m["relay_start_unix_ms"].(float64)
+	if floorEnd == 0 || floorEnd > relayStart {
+		t.Fatalf("floor handled its last task at %v, the broker run's relay started at %v: want the floor first", floorEnd, relayStart)
+	}
+	if !strings.Contains(out, "floor lateness ms: p50 ") || !strings.Contains(out, "floor, the same workload through the database alone just before: lateness ms p50 ") {
+		t.Fatalf("the floor is not in the summary:\n%s", out)
+	}
+}
+
 func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	db, dsn := testenv.ScratchDB(t)
 	for _, c := range []struct {
@@ -298,6 +328,8 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
 		{[]string{"--topic", "two words"}, "--topic"},
+		{[]string{"--floor", "--database-only"}, "--floor compares a broker run with the database alone"},
+		{[]string{"--floor", "--relay-only"}, "--floor compares a broker run with the database alone"},
 	} {
 		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
