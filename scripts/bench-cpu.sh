@@ -7,8 +7,10 @@
 # for the local MariaDB, RabbitMQ, RocketMQ (name server and broker) and the
 # bench process itself, the CPU seconds each used during the run and per
 # handled task, and what that rate of tasks would need in cores; then how
-# busy the whole box was from the first task due to the last handled. Waits
-# for the database to go quiet first (InnoDB purges what earlier runs left).
+# busy the whole box was from the first task due to the last handled. With
+# --floor it prints that for the floor's run too (the database alone, just
+# before), so the two windows compare in one run. Waits for the database to
+# go quiet first (InnoDB purges what earlier runs left).
 # Needs the local services (scripts/services.sh up) and bin/delaybridge.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -69,9 +71,22 @@ elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a 
 json=$(tail -1 "$out")
 cat "$out"
 rm -f "$out"
-handled=$(echo "$json" | sed -n 's/.*"handled":\([0-9]*\).*/\1/p')
-handled=${handled:-$(echo "$json" | sed -n 's/.*"scheduled":\([0-9]*\).*/\1/p')}
-self=$(echo "$json" | sed -n 's/.*"process_cpu_s":\([0-9.]*\).*/\1/p')
+# With --floor the JSON ends with the floor's run under "floor": read the
+# broker run's fields before it and the floor's after it.
+main=${json%%,\"floor\":*}
+floor=""
+[[ $json == *',"floor":{'* ]] && floor=${json#*,\"floor\":}
+field() { echo "$1" | sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p"; }
+handled=$(field "$main" handled)
+handled=${handled:-$(field "$main" scheduled)}
+self=$(field "$main" process_cpu_s)
+# Both runs' CPU is counted from here on, so per task means per task of
+# either run.
+tasks=$handled
+if [ -n "$floor" ]; then
+	tasks=$((handled + $(field "$floor" handled)))
+	echo "with --floor the CPU below is both runs', the floor's and the broker's: per task is per task of either"
+fi
 printf '\n%-18s %10s %14s\n' process "cpu s" "µs per task"
 rows=""
 for name in "${!before[@]}"; do
@@ -80,7 +95,7 @@ for name in "${!before[@]}"; do
 	rows+="$name $(awk -v a="$t0" -v b="$(ticks "$pid")" -v hz="$HZ" 'BEGIN { print (b - a) / hz }')"$'\n'
 done
 [ -n "$self" ] && rows+="delaybridge-bench $self"$'\n'
-printf '%s' "$rows" | awk -v n="$handled" -v cores="$(nproc)" -v secs="$elapsed" '
+printf '%s' "$rows" | awk -v n="$tasks" -v cores="$(nproc)" -v secs="$elapsed" '
 	{ printf "%-18s %10.2f %14.0f\n", $1, $2, $2 * 1e6 / n; total += $2 }
 	END {
 		printf "%-18s %10.2f %14.0f\n", "total", total, total * 1e6 / n
@@ -89,19 +104,24 @@ printf '%s' "$rows" | awk -v n="$handled" -v cores="$(nproc)" -v secs="$elapsed"
 # How busy the whole box was in the due window (from the first task due to
 # the last handled; a relay-only run has none). Near 100 % means lateness
 # was the cores' limit: the work due in the window waited for a core.
-first_due=$(echo "$json" | sed -n 's/.*"first_due_unix_ms":\([0-9]*\).*/\1/p')
-last_handled=$(echo "$json" | sed -n 's/.*"last_handled_unix_ms":\([0-9]*\).*/\1/p')
 kill "$sampler" 2> /dev/null || true
-if [ -n "$first_due" ] && [ -n "$last_handled" ] && [ "$last_handled" -gt "$first_due" ]; then
+window() { # label json
+	local first last n
+	first=$(field "$2" first_due_unix_ms)
+	last=$(field "$2" last_handled_unix_ms)
+	n=$(field "$2" handled)
+	[ -n "$first" ] && [ -n "$last" ] && [ "$last" -gt "$first" ] || return 0
 	# /proc/stat: cpu user nice system idle iowait irq softirq steal ...
-	awk -v a="$first_due" -v b="$last_handled" -v cores="$(nproc)" -v hz="$HZ" -v n="$handled" '
+	awk -v label="$1" -v a="$first" -v b="$last" -v cores="$(nproc)" -v hz="$HZ" -v n="$n" '
 		{ t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7 }
 		t >= a && !seen { seen = 1; t0 = t; b0 = busy; a0 = all }
 		seen && t <= b { t1 = t; b1 = busy; a1 = all }
 		END {
-			if (!seen || t1 <= t0 || a1 <= a0) { print "due window: too short to sample"; exit }
+			if (!seen || t1 <= t0 || a1 <= a0) { print label ": too short to sample"; exit }
 			f = (b1 - b0) / (a1 - a0)
-			printf "due window %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores), %.0f µs of CPU per task\n", (b - a) / 1000, f * 100, f * cores, cores, (b1 - b0) / hz * 1e6 / n * (b - a) / (t1 - t0)
+			printf "%s %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores), %.0f µs of CPU per task\n", label, (b - a) / 1000, f * 100, f * cores, cores, (b1 - b0) / hz * 1e6 / n * (b - a) / (t1 - t0)
 		}' "$samples"
-fi
+}
+[ -n "$floor" ] && window "floor's due window" "$floor"
+window "due window" "$main"
 exit $status
