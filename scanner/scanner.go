@@ -430,7 +430,7 @@ func (s *Scanner) RunBusiness(ctx context.Context) (int, error) {
 		n++
 	}
 	if n > 0 {
-		s.cfg.Logger.Warn("delaybridge scanner: business source handled keys no task covered", "source", b.Name, "keys", n)
+		s.cfg.Logger.Warn("delaybridge scanner: business source handled keys whose tasks had not run: missing, or late past its query's margin", "source", b.Name, "keys", n)
 		if s.cfg.Hooks.BusinessHandled != nil {
 			s.cfg.Hooks.BusinessHandled(n)
 		}
