@@ -343,6 +343,17 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
+// Limits returns the limits a Publisher of c would report, with c's
+// defaults applied (the lead clamped to half a short ladder's hop), or the
+// error NewPublisher would give for c, without connecting.
+func (c Config) Limits() (broker.Limits, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return broker.Limits{}, err
+	}
+	return c.limits(), nil
+}
+
 // limits returns what one hop may do in the configured mode.
 func (c Config) limits() broker.Limits {
 	if c.Mode == ModeDelayedExchange {

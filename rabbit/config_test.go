@@ -117,3 +117,36 @@ func TestConfig_DeadLetteringSetsEveryLevelsStrategy(t *testing.T) {
 		t.Errorf("DeadLettering 7: err = %v, want it refused", err)
 	}
 }
+
+// Config.Limits is what a Publisher of the config would report, without a
+// connection: the default lead (and the lookahead, which equals it), a lead
+// set, one clamped to half a short ladder's hop, and the delayed exchange.
+func TestConfig_LimitsAreThePublishersWithoutConnecting(t *testing.T) {
+	url := "amqp://u:p@127.0.0.1:1/"
+	for _, c := range []struct {
+		name                 string
+		cfg                  Config
+		precision, lookahead time.Duration
+	}{
+		{"defaults", Config{URL: url}, DefaultUnit + DefaultLead, DefaultLead},
+		{"lead 2s", Config{URL: url, Lead: 2 * time.Second}, DefaultUnit + 2*time.Second, 2 * time.Second},
+		{"no lead", Config{URL: url, Lead: -1}, DefaultUnit, DefaultUnit},
+		{"short ladder", Config{URL: url, Depth: 4}, DefaultUnit + 750*time.Millisecond, 750 * time.Millisecond},
+		{"delayed exchange", Config{URL: url, Mode: ModeDelayedExchange}, delayedPrecision, DelayedExchangeLookahead},
+	} {
+		l, err := c.cfg.Limits()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if l.Precision != c.precision || l.Lookahead != c.lookahead {
+			t.Errorf("%s: precision %v, lookahead %v; want %v and %v", c.name, l.Precision, l.Lookahead, c.precision, c.lookahead)
+		}
+	}
+	// The default prefetch holds what arrives early at 5.9k due a second.
+	if held := int(5900 * (DefaultUnit + DefaultLead).Seconds()); DefaultPrefetch < held {
+		t.Errorf("DefaultPrefetch %d under the %d messages unit + lead (%v) hold at 5.9k due a second", DefaultPrefetch, held, DefaultUnit+DefaultLead)
+	}
+	if _, err := (Config{URL: url, Depth: 1, Lead: 250 * time.Millisecond}).Limits(); err == nil {
+		t.Error("Limits of a ladder whose hops cannot make progress: no error")
+	}
+}

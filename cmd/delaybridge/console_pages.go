@@ -829,17 +829,19 @@ func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}
+		lim, err := cfg.Limits()
+		if err != nil {
+			return broker.Limits{}, nil, err
+		}
 		if cfg.Mode == rabbit.ModeDelayedExchange {
-			lim := broker.Limits{MaxHop: rabbit.MaxDelayedExchangeHop}
 			rows = append(rows, limitRow{"plugin", "rabbitmq_delayed_message_exchange (x-delay header)"},
 				limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", "the plugin's timer"})
 			return lim, rows, nil
 		}
-		lim := broker.Limits{MaxHop: rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth), Precision: bf.RabbitUnit + rabbit.DefaultLead}
 		rows = append(rows, limitRow{"plugin", "none (ladder of quorum queues)"},
 			limitRow{"ladder", fmt.Sprintf("prefix %q, unit %v, depth %d", cfg.Prefix, bf.RabbitUnit, bf.RabbitDepth)},
 			limitRow{"max delay per hop", fmtDur(lim.MaxHop)},
-			limitRow{"precision", fmt.Sprintf("%v (unit + %v release lead; early arrivals are held)", lim.Precision, rabbit.DefaultLead)},
+			limitRow{"precision", fmt.Sprintf("%v (unit + %v release lead; early arrivals are held)", lim.Precision, lim.Precision-bf.RabbitUnit)},
 			limitRow{"queue bound", fmt.Sprintf("x-max-length %d", bf.RabbitMaxLength)})
 		return lim, rows, nil
 	case "rocket":
