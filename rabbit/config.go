@@ -126,7 +126,7 @@ const (
 	// due rate one subscription sustains at Prefetch / (Unit + Lead): with
 	// the defaults about 5.9k tasks/s. The messages held cost the consumer
 	// about their size in memory: at 5,000 due a second, about 60 MB more
-	// than half of it held.
+	// than with half the lead and prefetch.
 	DefaultPrefetch = 60000
 	// DefaultConnectionName names the connections in the management UI and
 	// in rabbitmqctl list_connections.
