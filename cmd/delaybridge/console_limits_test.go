@@ -21,6 +21,8 @@ func TestConsoleLimits_FollowTheRabbitLeadFlag(t *testing.T) {
 		{nil, 10100 * time.Millisecond, "10.1s (unit + 10s release lead"},
 		{[]string{"--rabbit-lead", "2s"}, 2100 * time.Millisecond, "2.1s (unit + 2s release lead"},
 		{[]string{"--rabbit-depth", "4"}, 850 * time.Millisecond, "850ms (unit + 750ms release lead"},
+		// 0 means the default unit, as in the adapter.
+		{[]string{"--rabbit-unit", "0"}, 10100 * time.Millisecond, "10.1s (unit + 10s release lead"},
 	} {
 		var bf brokerFlags
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)

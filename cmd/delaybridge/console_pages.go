@@ -838,10 +838,17 @@ func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
 				limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", "the plugin's timer"})
 			return lim, rows, nil
 		}
+		unit, depth := cfg.Unit, cfg.Depth
+		if unit <= 0 {
+			unit = rabbit.DefaultUnit
+		}
+		if depth <= 0 {
+			depth = rabbit.DefaultDepth
+		}
 		rows = append(rows, limitRow{"plugin", "none (ladder of quorum queues)"},
-			limitRow{"ladder", fmt.Sprintf("prefix %q, unit %v, depth %d", cfg.Prefix, bf.RabbitUnit, bf.RabbitDepth)},
+			limitRow{"ladder", fmt.Sprintf("prefix %q, unit %v, depth %d", cfg.Prefix, unit, depth)},
 			limitRow{"max delay per hop", fmtDur(lim.MaxHop)},
-			limitRow{"precision", fmt.Sprintf("%v (unit + %v release lead; early arrivals are held)", lim.Precision, lim.Precision-bf.RabbitUnit)},
+			limitRow{"precision", fmt.Sprintf("%v (unit + %v release lead; early arrivals are held)", lim.Precision, lim.Precision-unit)},
 			limitRow{"queue bound", fmt.Sprintf("x-max-length %d", bf.RabbitMaxLength)})
 		return lim, rows, nil
 	case "rocket":
