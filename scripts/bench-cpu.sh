@@ -82,6 +82,12 @@ handled=${handled:-$(field "$main" scheduled)}
 self=$(field "$main" process_cpu_s)
 # Both runs' CPU is counted from here on, so per task means per task of
 # either run.
+if [ -z "$handled" ]; then
+	# No summary (the bench failed before its JSON): nothing to share out.
+	kill "$sampler" 2> /dev/null || true
+	echo "bench-cpu: no JSON summary from the bench (add --json?); CPU per task not computed" >&2
+	exit $((status ? status : 1))
+fi
 tasks=$handled
 if [ -n "$floor" ]; then
 	tasks=$((handled + $(field "$floor" handled)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -280,14 +281,20 @@ func (b *benchSession) execute(ctx context.Context) error {
 	if err := b.open(ctx); err != nil {
 		return err
 	}
+	var floorErr error
 	if b.o.floor {
 		floor, err := b.runFloor(ctx)
 		if err != nil {
-			return fmt.Errorf("floor: %w", err)
+			// A floor that lost or ran a task early still measured
+			// something: report it beside the broker run, and fail after.
+			if ctx.Err() != nil {
+				return err
+			}
+			floorErr = fmt.Errorf("floor: %w", err)
 		}
 		b.res.Floor = floor
 	}
-	return b.run(ctx)
+	return errors.Join(floorErr, b.run(ctx))
 }
 
 // runFloor runs the workload through the in-process broker, with the

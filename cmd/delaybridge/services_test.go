@@ -50,7 +50,7 @@ func get(t *testing.T, url string) (int, string) {
 func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	dsn := scratch(t)
 	pool := openDSN(t, dsn)
-	// k1 is due within RabbitMQ's default lookahead (5s), later the week
+	// k1 is due within RabbitMQ's default lookahead (10s), later the week
 	// after: the first goes to the broker, the second waits in the table.
 	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "run-test", Key: "k1", DueAt: time.Now().Add(3 * time.Second)}); err != nil {
 		t.Fatal(err)
@@ -314,6 +314,26 @@ func TestBench_FloorRunsTheDatabaseAloneBeforeTheBroker(t *testing.T) {
 	}
 	if !strings.Contains(out, "floor lateness ms: p50 ") || !strings.Contains(out, "floor, the same workload through the database alone just before: lateness ms p50 ") {
 		t.Fatalf("the floor is not in the summary:\n%s", out)
+	}
+}
+
+// A floor that loses tasks (here: a wait too short for 3,000 due at once)
+// still measured something: the broker run follows, the summary carries
+// both, and the bench fails after.
+func TestBench_AFailedFloorStillReportsTheBrokerRun(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	out, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "3000", "--delay", "2s", "--per-tx", "500", "--preload", "--anchored",
+		"--handler", "db", "--floor", "--json", "--wait", "1ms", "--log-level", "error"}, rabbitFlags(t)...)...)
+	if err == nil || !strings.Contains(err.Error(), "floor: bench: lost ") {
+		t.Fatalf("err = %v, want the floor's lost tasks reported", err)
+	}
+	m := lastJSON(t, out)
+	f, ok := m["floor"].(map[string]any)
+	if !ok || m["mode"] != "ladder" {
+		t.Fatalf("want the broker run's summary with the floor in it, got %v", m)
+	}
+	if lost, _ := f["lost"].(float64); lost <= 0 {
+		t.Fatalf("floor lost %v, want the tasks the 1ms wait left", f["lost"])
 	}
 }
 
