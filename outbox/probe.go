@@ -58,6 +58,19 @@ func (r *Relay) first(ctx context.Context, ahead time.Duration) (*store.Position
 	return store.First(ctx, r.db, store.ClaimSpec{State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1})
 }
 
+// handling reports whether consumers have work due now: a published task
+// whose due time has passed (one index read, store.First). A relay ahead
+// of due rests between batches only then, as its work would take the
+// cores those consumers need; before the first task of a spike comes due
+// it publishes at full speed, so the spike is in the broker before it is
+// due instead of being relayed while it is handled. A failed read counts
+// as busy: the relay rests, as it did before it looked.
+func (r *Relay) handling(ctx context.Context) bool {
+	first, err := store.First(ctx, r.db, store.ClaimSpec{State: store.Published, DueAtMost: r.cfg.Now().UnixMilli(),
+		ReadyAtMost: 1<<63 - 1, PublishedAtMost: 1<<63 - 1})
+	return first != nil || err != nil
+}
+
 // urgent is how soon a row must be due for the probe to wake a paced
 // relay: two paces and a probe, so a row the probe leaves to the next
 // paced claim is published at least a pace before it is due.

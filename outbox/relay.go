@@ -395,11 +395,13 @@ func (r *Relay) loop(ctx context.Context) {
 }
 
 // claim runs Once. A loop not woken for an urgent row, of a relay that is
-// ahead, holds serial for it and, after a full batch while still ahead,
-// rests as long as the batch took before letting the next loop claim: the
-// relay's work spreads over the pace instead of coming all at once.
+// ahead while consumers are handling due tasks (handling), holds serial
+// for it and, after a full batch while still ahead, rests as long as the
+// batch took before letting the next loop claim: the relay's work spreads
+// over the pace instead of coming all at once. With nothing due, the
+// relay's work delays nobody's task, and every loop claims at full speed.
 func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
-	if urgent || !r.ahead.Load() {
+	if urgent || !r.ahead.Load() || !r.handling(ctx) {
 		return r.once(ctx, true)
 	}
 	select {
