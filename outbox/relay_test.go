@@ -467,22 +467,39 @@ func (p *overlapPublisher) overlap() (late int, gap time.Duration) {
 	return p.late, p.gap
 }
 
+// consumersBusy gives consumers work due now: a task in the broker (state
+// published) that came due a second ago. A relay ahead of due rests
+// between batches only then (Relay.handling).
+func (b *bundle) consumersBusy(t *testing.T) {
+	t.Helper()
+	id := b.schedule(t, outbox.Task{Topic: "busy", Key: "handling", DueAt: time.Now().Add(-time.Second)})
+	if _, err := b.db.ExecContext(b.ctx, "UPDATE delay_task SET state = 'published', published_ms = ? WHERE id = ?", time.Now().UnixMilli(), id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T) {
 	t.Parallel()
 	const hold = 50 * time.Millisecond // each publish
 	for _, c := range []struct {
-		name string
-		due  time.Duration // from now
-		want func(late int, gap time.Duration) bool
-		why  string
+		name     string
+		due      time.Duration // from now
+		handling bool          // a published task is past due: consumers have work
+		want     func(late int, gap time.Duration) bool
+		why      string
 	}{
 		// Lookahead 10 s: rows due in 8 s are further off than half of
-		// it. One loop at a time, and after each full batch it rests at
-		// least as long as the batch took, publish included.
-		{"ahead", 8 * time.Second, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
+		// it. While consumers have due work, one loop at a time, and
+		// after each full batch it rests at least as long as the batch
+		// took, publish included.
+		{"ahead", 8 * time.Second, true, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
 			"claims far from due ran side by side, or followed each other without a rest"},
+		// The same rows with nothing due: the relay delays no consumer,
+		// and every loop claims.
+		{"ahead, nothing due", 8 * time.Second, false, func(late int, _ time.Duration) bool { return late > 1 },
+			"with nothing due, claims far from due were made one loop at a time"},
 		// Rows already due: every loop claims.
-		{"behind", -time.Second, func(late int, _ time.Duration) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
+		{"behind", -time.Second, false, func(late int, _ time.Duration) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -497,6 +514,9 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 			if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
 				t.Fatal(err)
 			}
+			if c.handling {
+				b.consumersBusy(t)
+			}
 			// 20 batches of 100 for 4 loops. The loops start knowing
 			// nothing, so the first four claims may overlap whatever the
 			// due times; what follows them is measured.
@@ -506,8 +526,9 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 			done := make(chan struct{})
 			go func() { _ = r.Run(ctx); close(done) }()
 			defer func() { cancel(); <-done }()
-			if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks) }) {
-				t.Fatalf("after 30s: %d of %d published", b.count(t, "state = 'published'"), len(tasks))
+			published := func() int { return b.count(t, "state = 'published' AND topic = 'overlap'") }
+			if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return published() == len(tasks) }) {
+				t.Fatalf("after 30s: %d of %d published", published(), len(tasks))
 			}
 			if late, gap := pub.overlap(); !c.want(late, gap) {
 				t.Fatalf("after the first claims: at most %d publishes in flight together, the shortest pause between them %v: %s", late, gap, c.why)
@@ -551,6 +572,7 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 			if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
 				t.Fatal(err)
 			}
+			b.consumersBusy(t) // so the relay, ahead, rests, and the drain lasts
 			pub := &countingPublisher{Publisher: &overlapPublisher{Publisher: mem, hold: 50 * time.Millisecond, gap: -1}, seen: map[string]int{}}
 			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100, Probe: c.probe, Pace: c.lookahead / 5})
 			ctx, cancel := context.WithCancel(b.ctx)
@@ -558,7 +580,7 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 			go func() { _ = r.Run(ctx); close(done) }()
 			defer func() { cancel(); <-done }()
 
-			if !testutil.Eventually(10*time.Second, 5*time.Millisecond, func() bool { return b.count(t, "state = 'published'") >= 500 }) {
+			if !testutil.Eventually(10*time.Second, 5*time.Millisecond, func() bool { return b.count(t, "topic = 'drain' AND state = 'published'") >= 500 }) {
 				t.Fatal("after 10s: the drain has not begun")
 			}
 			b.schedule(t, outbox.Task{Topic: "drain", Key: "late-comer", DueAt: time.Now().Add(c.due)})
@@ -575,8 +597,8 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 			if left == 0 {
 				t.Fatal("the row scheduled mid-drain was published only once the drain was over")
 			}
-			if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == len(tasks)+1 }) {
-				t.Fatalf("after 20s: %d of %d published", b.count(t, "state = 'published'"), len(tasks)+1)
+			if !testutil.Eventually(20*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "topic = 'drain' AND state = 'published'") == len(tasks)+1 }) {
+				t.Fatalf("after 20s: %d of %d published", b.count(t, "topic = 'drain' AND state = 'published'"), len(tasks)+1)
 			}
 			pub.mu.Lock()
 			defer pub.mu.Unlock()
