@@ -7,7 +7,9 @@
 # for the local MariaDB, RabbitMQ, RocketMQ (name server and broker) and the
 # bench process itself, the CPU seconds each used during the run and per
 # handled task, and what that rate of tasks would need in cores; then how
-# busy the whole box was from the first task due to the last handled. With
+# busy the whole box was from the first task due to the last handled, how
+# much of that was steal (a virtual machine's cores given to another guest)
+# and the CPU a task took there, steal left out. With
 # --floor it prints that for the floor's run too (the database alone, just
 # before), so the two windows compare in one run. Waits for the database to
 # go quiet first (InnoDB purges what earlier runs left).
@@ -118,14 +120,17 @@ window() { # label json
 	n=$(field "$2" handled)
 	[ -n "$first" ] && [ -n "$last" ] && [ "$last" -gt "$first" ] || return 0
 	# /proc/stat: cpu user nice system idle iowait irq softirq steal ...
+	# Steal is time a virtual machine's cores were given to another guest:
+	# counted as busy (the work waited all the same) and shown on its own,
+	# as a run with much of it was slowed by the host, not by its own work.
 	awk -v label="$1" -v a="$first" -v b="$last" -v cores="$(nproc)" -v hz="$HZ" -v n="$n" '
-		{ t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7 }
-		t >= a && !seen { seen = 1; t0 = t; b0 = busy; a0 = all }
-		seen && t <= b { t1 = t; b1 = busy; a1 = all }
+		{ t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7; steal = $10 }
+		t >= a && !seen { seen = 1; t0 = t; b0 = busy; a0 = all; s0 = steal }
+		seen && t <= b { t1 = t; b1 = busy; a1 = all; s1 = steal }
 		END {
 			if (!seen || t1 <= t0 || a1 <= a0) { print label ": too short to sample"; exit }
 			f = (b1 - b0) / (a1 - a0)
-			printf "%s %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores), %.0f µs of CPU per task\n", label, (b - a) / 1000, f * 100, f * cores, cores, (b1 - b0) / hz * 1e6 / n * (b - a) / (t1 - t0)
+			printf "%s %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores, steal %.0f%%), %.0f µs of CPU per task\n", label, (b - a) / 1000, f * 100, f * cores, cores, (s1 - s0) / (a1 - a0) * 100, (b1 - b0 - (s1 - s0)) / hz * 1e6 / n * (b - a) / (t1 - t0)
 		}' "$samples"
 }
 [ -n "$floor" ] && window "floor's due window" "$floor"
