@@ -25,9 +25,9 @@ type RelayConfig struct {
 	// turns, each past the last full batch while they drain a backlog,
 	// and their publishes run side by side; SKIP LOCKED keeps their
 	// batches apart from other relays'. A relay that is ahead (the oldest
-	// row of its last claim due more than half the lookahead away) runs
-	// the whole loop one at a time, resting after each full batch as long
-	// as it took. Default 4.
+	// row of its last claim due more than half the lookahead away) while
+	// consumers have due tasks to handle runs the whole loop one at a
+	// time, resting after each full batch as long as it took. Default 4.
 	Workers int
 	// Lookahead publishes only rows due within it: a task far from due
 	// waits in the database (cheap, and cancelled for free) and moves into
@@ -190,7 +190,8 @@ type Relay struct {
 	nudge chan bool // true: the probe found a row due within urgent()
 	// ahead is set when the last claim's oldest row was due more than
 	// leisure() away: every row due sooner is in the broker already. The
-	// loops then claim one at a time, holding serial.
+	// loops then claim one at a time, holding serial, while consumers
+	// have due work (handling).
 	ahead  atomic.Bool
 	serial chan struct{}
 	resume resumePoint
