@@ -41,23 +41,32 @@ for _ in $(seq 1 60); do
 	[ $(((b - a) * 100 / (2 * HZ))) -lt 5 ] && break
 done
 
-# The whole box's busy and total jiffies (/proc/stat) every 100 ms, with
-# builtins only, so the sampler itself costs next to nothing: after the run
-# they say how busy the box was from the first task due to the last handled,
-# the work that could not be done ahead of time.
+# The whole box's busy and total jiffies (/proc/stat) and each watched
+# process's CPU ticks every 100 ms, with builtins only, so the sampler
+# itself costs next to nothing: after the run they say how busy the box was
+# from the first task due to the last handled, the work that could not be
+# done ahead of time, and which process did it. A line is
+# "<µs since epoch> <the cpu line of /proc/stat> | name=ticks ...".
+watch=$(mktemp) # name pid, one process a line: the servers, then the bench
 sample() {
-	local fd line
+	local fd line name pid procs f
 	exec {fd}<> <(:)
 	while :; do
 		read -r line < /proc/stat
-		echo "${EPOCHREALTIME/./} $line"
+		procs=""
+		while read -r name pid; do
+			read -r -a f < "/proc/$pid/stat" 2> /dev/null || continue
+			procs+=" $name=$((f[13] + f[14]))"
+		done < "$watch"
+		echo "${EPOCHREALTIME/./} $line |$procs"
 		read -rt 0.1 -u "$fd" _ || true
 	done
 }
+pids > "$watch"
 samples=$(mktemp)
 sample > "$samples" &
 sampler=$!
-trap 'kill "$sampler" 2> /dev/null; rm -f "$samples"' EXIT
+trap 'kill "$sampler" 2> /dev/null; rm -f "$samples" "$watch"' EXIT
 
 declare -A before
 while read -r name pid; do before[$name]="$pid $(ticks "$pid")"; done < <(pids)
@@ -66,7 +75,10 @@ out=$(mktemp)
 # The bench's own CPU comes from its JSON (process_cpu_s); its exit status
 # is reported, not fatal, so a run that lost tasks still shows its cost.
 set +e
-${BENCH_BIN:-bin/delaybridge} bench "$@" > "$out"
+${BENCH_BIN:-bin/delaybridge} bench "$@" > "$out" &
+bench=$!
+echo "delaybridge-bench $bench" >> "$watch"
+wait "$bench"
 status=$?
 set -e
 elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
@@ -124,13 +136,31 @@ window() { # label json
 	# counted as busy (the work waited all the same) and shown on its own,
 	# as a run with much of it was slowed by the host, not by its own work.
 	awk -v label="$1" -v a="$first" -v b="$last" -v cores="$(nproc)" -v hz="$HZ" -v n="$n" '
-		{ t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7; steal = $10 }
-		t >= a && !seen { seen = 1; t0 = t; b0 = busy; a0 = all; s0 = steal }
-		seen && t <= b { t1 = t; b1 = busy; a1 = all; s1 = steal }
+		{
+			t = $1 / 1000; busy = $3 + $4 + $5 + $8 + $9 + $10; all = busy + $6 + $7; steal = $10
+			delete cur; nn = 0
+			for (i = 1; i <= NF; i++) if ($i == "|") break
+			for (i++; i <= NF; i++) { split($i, kv, "="); cur[kv[1]] = kv[2]; names[++nn] = kv[1] }
+		}
+		t >= a && !seen {
+			seen = 1; t0 = t; b0 = busy; a0 = all; s0 = steal
+			for (i = 1; i <= nn; i++) { p0[names[i]] = cur[names[i]]; order[++k] = names[i] }
+		}
+		seen && t <= b {
+			t1 = t; b1 = busy; a1 = all; s1 = steal
+			for (p in cur) if (p in p0) p1[p] = cur[p]
+		}
 		END {
 			if (!seen || t1 <= t0 || a1 <= a0) { print label ": too short to sample"; exit }
 			f = (b1 - b0) / (a1 - a0)
-			printf "%s %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores, steal %.0f%%), %.0f µs of CPU per task\n", label, (b - a) / 1000, f * 100, f * cores, cores, (s1 - s0) / (a1 - a0) * 100, (b1 - b0 - (s1 - s0)) / hz * 1e6 / n * (b - a) / (t1 - t0)
+			scale = 1e6 / hz / n * (b - a) / (t1 - t0) # ticks to µs a task, over the whole window
+			printf "%s %.1fs (first task due to last handled): the box was %.0f%% busy (%.2f of %d cores, steal %.0f%%), %.0f µs of CPU per task", label, (b - a) / 1000, f * 100, f * cores, cores, (s1 - s0) / (a1 - a0) * 100, (b1 - b0 - (s1 - s0)) * scale
+			sep = ": "
+			for (i = 1; i <= k; i++) {
+				p = order[i]
+				if (p in p1) { printf "%s%s %.0f", sep, p, (p1[p] - p0[p]) * scale; sep = ", " }
+			}
+			print ""
 		}' "$samples"
 }
 [ -n "$floor" ] && window "floor's due window" "$floor"
