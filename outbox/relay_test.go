@@ -488,15 +488,16 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 		want     func(late int, gap time.Duration) bool
 		why      string
 	}{
-		// Lookahead 10 s: rows due in 8 s are further off than half of
-		// it. While consumers have due work, one loop at a time, and
-		// after each full batch it rests at least as long as the batch
-		// took, publish included.
-		{"ahead", 8 * time.Second, true, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
+		// Lookahead 10 s: rows due in 9 s are further off than half of
+		// it for 4 s, longer than the resting drain takes. While
+		// consumers have due work, one loop at a time, and after each
+		// full batch it rests at least as long as the batch took,
+		// publish included.
+		{"ahead", 9 * time.Second, true, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
 			"claims far from due ran side by side, or followed each other without a rest"},
 		// The same rows with nothing due: the relay delays no consumer,
 		// and every loop claims.
-		{"ahead, nothing due", 8 * time.Second, false, func(late int, _ time.Duration) bool { return late > 1 },
+		{"ahead, nothing due", 9 * time.Second, false, func(late int, _ time.Duration) bool { return late > 1 },
 			"with nothing due, claims far from due were made one loop at a time"},
 		// Rows already due: every loop claims.
 		{"behind", -time.Second, false, func(late int, _ time.Duration) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
