@@ -48,6 +48,12 @@ done
 # done ahead of time, and which process did it. A line is
 # "<µs since epoch> <the cpu line of /proc/stat> | name=ticks ...".
 watch=$(mktemp) # name pid, one process a line: the servers, then the bench
+samples=$(mktemp)
+out=$(mktemp)
+sampler=""
+# Under set -e a failing command ends the trap too: the sampler is gone by
+# the time a finished run exits, so its kill must not stop the clean-up.
+trap '{ [ -z "$sampler" ] || kill "$sampler" 2> /dev/null; } || true; rm -f "$samples" "$watch" "$out"' EXIT
 sample() {
 	local fd line name pid procs f
 	exec {fd}<> <(:)
@@ -63,15 +69,12 @@ sample() {
 	done
 }
 pids > "$watch"
-samples=$(mktemp)
 sample > "$samples" &
 sampler=$!
-trap 'kill "$sampler" 2> /dev/null; rm -f "$samples" "$watch"' EXIT
 
 declare -A before
 while read -r name pid; do before[$name]="$pid $(ticks "$pid")"; done < <(pids)
 start=$(date +%s.%N)
-out=$(mktemp)
 # The bench's own CPU comes from its JSON (process_cpu_s); its exit status
 # is reported, not fatal, so a run that lost tasks still shows its cost.
 set +e
