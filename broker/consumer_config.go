@@ -2,6 +2,7 @@ package broker
 
 import (
 	"log/slog"
+	"runtime"
 	"time"
 )
 
@@ -47,7 +48,9 @@ type Hooks struct {
 // ConsumerConfig configures a Consumer. Every zero value means the default
 // stated on the field.
 type ConsumerConfig struct {
-	// Concurrency is how many handlers run at once. Default 8.
+	// Concurrency is how many handlers (and, with Group, group
+	// transactions) run at once. Default DefaultConcurrencyFor(GOMAXPROCS):
+	// 4 on one or two cores, 6 on three, 8 on four or more.
 	Concurrency int
 	// HoldWindow is how early a message may arrive and still be waited out in
 	// memory (unacked, so it keeps counting against the subscriber's prefetch)
@@ -100,6 +103,8 @@ type ConsumerConfig struct {
 
 // Defaults the runtime applies to a zero ConsumerConfig.
 const (
+	// DefaultConcurrency is the most handlers a zero Concurrency runs at
+	// once; fewer with fewer cores (DefaultConcurrencyFor).
 	DefaultConcurrency    = 8
 	DefaultHoldWindow     = 5 * time.Second
 	DefaultMaxAttempts    = 10
@@ -122,9 +127,21 @@ const (
 // or dead letter failed) from spinning through the broker while it is down.
 const pauseBeforeNack = time.Second
 
+// DefaultConcurrencyFor is the default Concurrency with procs cores
+// (GOMAXPROCS): two workers a core, from 4 to DefaultConcurrency. Each
+// worker holds a database connection and runs its group's statements one
+// after another; groups grow with what waits, so a few workers keep up
+// with thousands of tasks a second, and on a small box more workers only
+// compete with the database and the broker for the same cores
+// (docs/tuning.md). A handler that waits on something slow, such as a
+// remote call, needs more: set Concurrency.
+func DefaultConcurrencyFor(procs int) int {
+	return min(DefaultConcurrency, max(4, 2*procs))
+}
+
 func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = DefaultConcurrencyFor(runtime.GOMAXPROCS(0))
 	}
 	if c.HoldWindow <= 0 {
 		c.HoldWindow = DefaultHoldWindow

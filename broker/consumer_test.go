@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -520,5 +521,51 @@ func TestConsumer_HeldMessagesDueTogetherRunInArrivalOrder(t *testing.T) {
 		if want := fmt.Sprintf("k%03d", i); k != want {
 			t.Fatalf("message %d handled was %s, want %s: held messages due together ran out of arrival order", i, k, want)
 		}
+	}
+}
+
+// Without a Concurrency, a consumer runs two handlers a core (GOMAXPROCS),
+// at least 4 and at most DefaultConcurrency, and never more at once.
+func TestConsumer_DefaultConcurrencyFollowsTheCores(t *testing.T) {
+	// Not parallel: it sets GOMAXPROCS for the whole test binary.
+	was := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	for _, c := range []struct{ procs, want int }{{1, 4}, {2, 4}, {3, 6}, {4, 8}, {16, 8}} {
+		if got := broker.DefaultConcurrencyFor(c.procs); got != c.want {
+			t.Errorf("DefaultConcurrencyFor(%d) = %d, want %d", c.procs, got, c.want)
+		}
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", c.procs), func(t *testing.T) {
+			runtime.GOMAXPROCS(c.procs)
+			bd := setup(t, memory.Config{})
+			release := make(chan struct{})
+			var mu sync.Mutex
+			running, most := 0, 0
+			bd.start(t, func(ctx context.Context, m *broker.Message) error {
+				mu.Lock()
+				running++
+				most = max(most, running)
+				mu.Unlock()
+				<-release
+				mu.Lock()
+				running--
+				mu.Unlock()
+				return nil
+			}, broker.ConsumerConfig{})
+			runtime.GOMAXPROCS(was) // the consumer took its default at NewConsumer
+			for i := range 2 * broker.DefaultConcurrency {
+				bd.publish(t, fmt.Sprintf("k%d", i), time.Now())
+			}
+			eventually(t, fmt.Sprintf("%d handlers running", c.want), func() bool { mu.Lock(); defer mu.Unlock(); return running == c.want })
+			// Every other message is waiting: an idle worker would take one now.
+			time.Sleep(200 * time.Millisecond)
+			mu.Lock()
+			got := most
+			mu.Unlock()
+			close(release)
+			if got != c.want {
+				t.Fatalf("at most %d handlers ran at once, want %d", got, c.want)
+			}
+			eventually(t, "every message acked", func() bool { return bd.b.Stats().Acked == 2*broker.DefaultConcurrency })
+		})
 	}
 }

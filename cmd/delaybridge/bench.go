@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -152,7 +153,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
 	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
-	f.IntVar(&o.concurrent, "concurrency", broker.DefaultConcurrency, "consumer handler concurrency (the library's default: groups grow with what waits, so a few workers suffice)")
+	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default: two workers a core (GOMAXPROCS), from 4 to 8; groups grow with what waits, so a few workers suffice)")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
 	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to: a topic of its own keeps a run clear of what earlier runs left in the broker (a RocketMQ consumer group new to a topic starts from the first message the broker still holds in memory)")
@@ -171,6 +172,9 @@ func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	}
 	if err := broker.ValidateTopic(o.topic); err != nil {
 		return 0, fmt.Errorf("--topic: %w", err)
+	}
+	if o.concurrent < 0 {
+		return 0, fmt.Errorf("--concurrency %d: need 0 (the library's default) or more", o.concurrent)
 	}
 	if o.floor && (o.dbOnly || o.relayOnly) {
 		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")
@@ -381,7 +385,11 @@ func (b *benchSession) open(ctx context.Context) error {
 	b.closers = append(b.closers, ses.Close)
 	db := ses.db
 	b.db = db
-	conns := o.producers + o.relayWkrs + o.concurrent + 8
+	workers := o.concurrent
+	if workers == 0 {
+		workers = broker.DefaultConcurrencyFor(runtime.GOMAXPROCS(0))
+	}
+	conns := o.producers + o.relayWkrs + workers + 8
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (

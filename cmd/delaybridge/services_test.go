@@ -348,6 +348,7 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
 		{[]string{"--topic", "two words"}, "--topic"},
+		{[]string{"--concurrency", "-1"}, "--concurrency -1: need 0"},
 		{[]string{"--floor", "--database-only"}, "--floor compares a broker run with the database alone"},
 		{[]string{"--floor", "--relay-only"}, "--floor compares a broker run with the database alone"},
 	} {
