@@ -183,7 +183,7 @@ func interpolationSafe(collation string) bool {
 // DefaultMaxIdleConns is how many idle connections OpenDB keeps open.
 // database/sql keeps 2 unless told, and closes every other connection as
 // it is released; a relay's claim loops and probe, the scanner, the
-// cleaner and a consumer's group workers use about a dozen at once, so with
+// cleaner and a consumer's group workers use up to about a dozen at once, so with
 // 2 a busy process opened a new connection for most claims and groups: 95
 // in one run of the 5,000-a-second bench, against 14 with its pool kept.
 // A service that opens its own *sql.DB for NewClient should keep as many.
