@@ -396,7 +396,14 @@ rocketmq_up() {
 	sed "s|@ROCKETMQ_DIR@|$RMQ_DIR|g" "$SCRIPTS/rocketmq/broker.conf" >"$RMQ_DIR/broker.conf.new"
 	if [[ -f "$RMQ_DIR/broker.conf" ]] && ! cmp -s "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf" && port_open 10911; then
 		log "RocketMQ broker config changed: restarting the broker"
-		stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup
+		stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup 10911
+	elif port_open 10911 && ! pid_alive "$RMQ_DIR/broker.pid"; then
+		# Started from another checkout (CI's fresh clone on a machine where
+		# one already runs them): the fault tests stop and start the broker
+		# through this checkout's pid file and store, so this checkout
+		# takes it over. The other checkout's store stays where it is.
+		log "RocketMQ broker on 127.0.0.1:10911 was not started from this checkout: restarting it from here"
+		stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup 10911
 	fi
 	mv "$RMQ_DIR/broker.conf.new" "$RMQ_DIR/broker.conf"
 	if port_open 10911; then
@@ -421,12 +428,20 @@ rocketmq_up() {
 # stop_pid NAME PIDFILE CLASS : SIGTERM (RocketMQ's shutdown hooks run), then
 # SIGKILL after 30 s. Without a live pid file (a server started from another
 # checkout) it finds the JVM by its main CLASS.
+# listener_pid PORT: the pid of the process listening on 127.0.0.1:PORT, if any.
+listener_pid() {
+	{ ss -Hltnp "sport = :$1" 2>/dev/null || true; } | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n1
+}
+
+# stop_pid NAME PIDFILE CLASS [PORT]: stops the process in PIDFILE or, when
+# that is not alive, the one listening on PORT, else the first CLASS process.
 stop_pid() {
-	local name="$1" pidfile="$2" class="$3" pid=""
+	local name="$1" pidfile="$2" class="$3" port="${4:-}" pid=""
 	if pid_alive "$pidfile"; then
 		pid=$(cat "$pidfile")
 	else
-		pid=$(pgrep -f "$class" | head -n1 || true)
+		[[ -n "$port" ]] && pid=$(listener_pid "$port")
+		[[ -z "$pid" ]] && pid=$(pgrep -f "$class" | head -n1 || true)
 		[[ -n "$pid" ]] && log "RocketMQ $name runs without this checkout's pid file (pid $pid, started elsewhere)"
 	fi
 	if [[ -n "$pid" ]]; then
@@ -441,8 +456,8 @@ stop_pid() {
 }
 
 rocketmq_down() {
-	stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup
-	stop_pid namesrv "$RMQ_DIR/namesrv.pid" org.apache.rocketmq.namesrv.NamesrvStartup
+	stop_pid broker "$RMQ_DIR/broker.pid" org.apache.rocketmq.broker.BrokerStartup 10911
+	stop_pid namesrv "$RMQ_DIR/namesrv.pid" org.apache.rocketmq.namesrv.NamesrvStartup 9876
 }
 
 # ---------------------------------------------------------------- commands
