@@ -33,3 +33,25 @@ func TestProbePace_SlowsWhenQuietAndSpeedsUpOnActivity(t *testing.T) {
 		}
 	}
 }
+
+// A quiet relay still looks often enough that a task another process
+// schedules due now reaches the broker within 100 ms: the default ProbeMax
+// leaves room for the claim and the publish after the look. A longer Probe
+// raises it to Probe, and a ProbeMax the user chose is kept.
+func TestRelayConfig_QuietProbeLeavesRoomUnder100ms(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  RelayConfig
+		want time.Duration
+	}{
+		{RelayConfig{}, DefaultProbeMax},
+		{RelayConfig{Probe: 150 * time.Millisecond}, 150 * time.Millisecond},
+		{RelayConfig{ProbeMax: time.Second}, time.Second},
+	} {
+		if got := tc.cfg.withDefaults().ProbeMax; got != tc.want {
+			t.Errorf("RelayConfig%+v: ProbeMax %v, want %v", tc.cfg, got, tc.want)
+		}
+	}
+	if DefaultProbeMax > 80*time.Millisecond || DefaultProbeMax < DefaultProbe {
+		t.Errorf("DefaultProbeMax %v: want from Probe (%v) to 80 ms, so a look, a claim and a publish fit in 100 ms", DefaultProbeMax, DefaultProbe)
+	}
+}

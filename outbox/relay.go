@@ -63,8 +63,8 @@ type RelayConfig struct {
 	// claim, puts it back at Probe. A
 	// wake-up costs a process far more CPU than the read (on a small VM a
 	// timer tick alone cost 0.2 ms), so an idle relay polling every 50 ms
-	// spent 1.5 % of a core. Default 4×Probe; set it to Probe to keep one
-	// rate. It must be at least Probe.
+	// spent 1.5 % of a core. Default DefaultProbeMax, or Probe when that is
+	// longer; set it to Probe to keep one rate. It must be at least Probe.
 	ProbeMax time.Duration
 	// RetryInitial and RetryMax shape the per-row delay after a transient
 	// publish failure, doubling per failure. Defaults 1s and 30s: after a
@@ -123,7 +123,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.Probe = DefaultProbe
 	}
 	if c.ProbeMax == 0 {
-		c.ProbeMax = 4 * c.Probe
+		c.ProbeMax = max(c.Probe, DefaultProbeMax)
 	}
 	if c.Pace == 0 {
 		c.Pace = DefaultPace
@@ -158,9 +158,14 @@ const (
 	DefaultLease          = 30 * time.Second
 	// DefaultProbe: a task scheduled by another process reaches the
 	// broker within about 50 ms of coming due, for 20 one-row index
-	// reads a second; within 200 ms (ProbeMax) when it is the first after
-	// ProbeQuietLooks looks found nothing.
+	// reads a second.
 	DefaultProbe = 50 * time.Millisecond
+	// DefaultProbeMax: a task that comes after ProbeQuietLooks looks found
+	// nothing reaches the broker within about 80 ms, under the 100 ms an
+	// out-of-process relay promises, for 12.5 reads a second. Against a
+	// 200 ms quiet probe it cost an idle daemon and consumer 0.3 % of a
+	// core more (0.80–0.94 % against 0.50–0.66 %, BENCHMARKS.md "Idle").
+	DefaultProbeMax = 80 * time.Millisecond
 	// ProbeQuietLooks is how many looks in a row that find nothing make a
 	// relay quiet, its probe slowing towards ProbeMax: 10 s at the
 	// default Probe.

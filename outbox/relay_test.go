@@ -331,7 +331,7 @@ func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
 		cfg  outbox.RelayConfig
 		want string
 	}{
-		{outbox.RelayConfig{Lookahead: 100 * time.Millisecond}, "shorter than the relay's ProbeMax 200ms"},
+		{outbox.RelayConfig{Lookahead: 60 * time.Millisecond}, "shorter than the relay's ProbeMax 80ms"},
 		{outbox.RelayConfig{Probe: 50 * time.Millisecond, ProbeMax: 20 * time.Millisecond}, "ProbeMax 20ms is shorter than Probe 50ms"},
 		{outbox.RelayConfig{Lookahead: 500 * time.Millisecond, Probe: -1, IdleMax: time.Second}, "shorter than the relay's IdleMax"},
 		{outbox.RelayConfig{Lookahead: 2 * time.Hour}, "longer than one broker hop (1h0m0s)"},
