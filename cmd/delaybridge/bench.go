@@ -32,24 +32,28 @@ import (
 const defaultBenchTopic = "delaybridge-bench"
 
 type benchResult struct {
-	Broker        string           `json:"broker"`
-	Mode          string           `json:"mode"`
-	Tasks         int              `json:"tasks"`
-	Scheduled     int64            `json:"scheduled"`
-	Handled       int64            `json:"handled"`
-	Lost          int64            `json:"lost"`
-	DupEffects    int64            `json:"dup_effects"`
-	Early         int64            `json:"early"`
-	ScheduleTPS   float64          `json:"schedule_tps"`
-	RelayTPS      float64          `json:"relay_tps"`
-	BaselineTPS   float64          `json:"baseline_publish_tps"`
-	Lateness      map[string]int64 `json:"lateness_ms"`
-	HandlerMode   string           `json:"handler"`
-	Groups        int64            `json:"groups"`
-	MeanGroup     float64          `json:"mean_group"`
-	MeanGroupMS   float64          `json:"mean_group_ms"`
-	ProcessCPU    float64          `json:"process_cpu_s"`
-	ElapsedSecond float64          `json:"elapsed_s"`
+	Broker      string           `json:"broker"`
+	Mode        string           `json:"mode"`
+	Tasks       int              `json:"tasks"`
+	Scheduled   int64            `json:"scheduled"`
+	Handled     int64            `json:"handled"`
+	Lost        int64            `json:"lost"`
+	DupEffects  int64            `json:"dup_effects"`
+	Early       int64            `json:"early"`
+	ScheduleTPS float64          `json:"schedule_tps"`
+	RelayTPS    float64          `json:"relay_tps"`
+	BaselineTPS float64          `json:"baseline_publish_tps"`
+	Lateness    map[string]int64 `json:"lateness_ms"`
+	// PublishLateness is how long after its due time each task reached
+	// the broker (its row's published_ms, set once the broker confirmed
+	// it), 0 for a task published ahead; the relay's share of Lateness.
+	PublishLateness map[string]int64 `json:"published_late_ms,omitempty"`
+	HandlerMode     string           `json:"handler"`
+	Groups          int64            `json:"groups"`
+	MeanGroup       float64          `json:"mean_group"`
+	MeanGroupMS     float64          `json:"mean_group_ms"`
+	ProcessCPU      float64          `json:"process_cpu_s"`
+	ElapsedSecond   float64          `json:"elapsed_s"`
 	// FirstDueMS and LastHandledMS (unix ms) bound the due window: the
 	// work in it could not be done ahead (scripts/bench-cpu.sh measures
 	// how busy the box was then).
@@ -222,7 +226,9 @@ could reach it on this box at that moment.
 It prints progress to stderr and a summary; with --json the last line of
 stdout is one JSON object. lost = tasks never handled, dup_effects = effects
 applied more than once (noop: handler runs beyond the first), early = handled
-before due. It exits non-zero when anything was lost, early, or (db handler)
+before due; lateness_ms runs from due to handled, published_late_ms from due
+to the broker's confirm (0 for a task published ahead: the relay's share of
+the lateness). It exits non-zero when anything was lost, early, or (db handler)
 applied twice.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -646,6 +652,14 @@ func (b *benchSession) report() error {
 		res.MeanGroupMS = float64(run.groupMicros.Load()) / 1000 / float64(res.Groups)
 	}
 
+	if !b.floorRun {
+		p, err := publishLateness(context.Background(), b.db, run)
+		if err != nil {
+			return err
+		}
+		res.PublishLateness = map[string]int64{"p50": p.P50, "p90": p.P90, "p99": p.P99, "max": p.Max}
+	}
+
 	out := b.a.stdout
 	if b.floorRun {
 		fmt.Fprintf(out, "floor (%s), handler %s: handled %d, lost %d, early %d, duplicate effects %d; relayed at %.0f/s\nfloor lateness ms: p50 %d p90 %d p99 %d max %d\n",
@@ -661,6 +675,9 @@ func (b *benchSession) report() error {
 	}
 	fmt.Fprintf(out, "\nhandled %d, lost %d, early %d, duplicate effects %d\nlateness ms: p50 %d p90 %d p99 %d max %d\n",
 		res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
+	if p := res.PublishLateness; p != nil {
+		fmt.Fprintf(out, "reached the broker after due, ms: p50 %d p90 %d p99 %d max %d\n", p["p50"], p["p90"], p["p99"], p["max"])
+	}
 	if res.Groups > 0 {
 		fmt.Fprintf(out, "group commit: %d transactions of %.1f messages on average, %.1f ms each\n", res.Groups, res.MeanGroup, res.MeanGroupMS)
 	}
@@ -676,6 +693,31 @@ func (b *benchSession) report() error {
 		return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
 	}
 	return nil
+}
+
+// publishLateness summarizes, over the run's tasks the relay published,
+// how long after its due time each reached the broker: the row's
+// published_ms (the relay's clock once the broker confirmed it) less its
+// due_ms, 0 when it went ahead.
+func publishLateness(ctx context.Context, db *sql.DB, run *benchRun) (percentile.Summary, error) {
+	rows, err := db.QueryContext(ctx, "SELECT GREATEST(published_ms - due_ms, 0) FROM delay_task WHERE topic = ? AND task_key LIKE ? AND published_ms > 0",
+		run.topic, []byte(run.id+"-%"))
+	if err != nil {
+		return percentile.Summary{}, fmt.Errorf("bench: read publish times: %w", err)
+	}
+	defer rows.Close()
+	var late []int64
+	for rows.Next() {
+		var l int64
+		if err := rows.Scan(&l); err != nil {
+			return percentile.Summary{}, fmt.Errorf("bench: read publish times: %w", err)
+		}
+		late = append(late, l)
+	}
+	if err := rows.Err(); err != nil {
+		return percentile.Summary{}, fmt.Errorf("bench: read publish times: %w", err)
+	}
+	return percentile.Summarize(late), nil
 }
 
 // processCPU returns the CPU seconds (user and system) this process used.
