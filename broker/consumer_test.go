@@ -569,3 +569,90 @@ func TestConsumer_DefaultConcurrencyFollowsTheCores(t *testing.T) {
 		})
 	}
 }
+
+// givenBackSub delivers the deliveries put in its channel.
+type givenBackSub struct{ ch chan *broker.Delivery }
+
+func (s givenBackSub) Subscribe(context.Context, string) (<-chan *broker.Delivery, error) {
+	return s.ch, nil
+}
+
+// records keeps the level and message of every log record.
+type records struct {
+	mu   sync.Mutex
+	list []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.list = append(r.list, rec)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// A message handled while Close ends the subscription cannot be acked: the
+// subscription gave it back and the broker redelivers it, which the done
+// task makes harmless. That is part of a shutdown under load, so it is
+// logged as information, not as a warning an operator must look into;
+// any other ack failure stays a warning.
+func TestConsumer_AnAckAfterTheSubscriptionGaveItBackIsNotAWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want slog.Level
+	}{
+		{"given back", fmt.Errorf("rocket: delivery already given back, the subscription ended: %w", broker.ErrClosed), slog.LevelInfo},
+		{"other failure", errors.New("channel broken"), slog.LevelWarn},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sub := givenBackSub{ch: make(chan *broker.Delivery, 1)}
+			var acks atomic.Int32
+			acker := failingAcker{acks: &acks, err: tc.err}
+			log := &records{}
+			pub := memory.New(memory.Config{})
+			t.Cleanup(func() { _ = pub.Close() })
+			c, err := broker.NewConsumer(sub, pub, func(context.Context, *broker.Message) error { return nil },
+				broker.ConsumerConfig{Logger: slog.New(log), DeadLetter: &deadBox{reasons: map[string]error{}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(context.Background(), "orders"); err != nil {
+				t.Fatal(err)
+			}
+			sub.ch <- &broker.Delivery{Message: &broker.Message{Topic: "orders", Key: "o-1", DeliverAt: broker.MillisUTC(time.Now())}, Acker: acker}
+			eventually(t, "the ack", func() bool { return acks.Load() == 1 })
+			close(sub.ch)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			var ackLogs []string
+			for _, r := range log.list {
+				if strings.Contains(r.Message, "redeliver") {
+					ackLogs = append(ackLogs, r.Level.String()+" "+r.Message)
+					if r.Level != tc.want {
+						t.Errorf("logged %s %q, want level %s", r.Level, r.Message, tc.want)
+					}
+				}
+			}
+			if len(ackLogs) != 1 {
+				t.Errorf("ack logs %q, want exactly one", ackLogs)
+			}
+		})
+	}
+}
+
+// failingAcker fails every Ack and Nack with err.
+type failingAcker struct {
+	acks *atomic.Int32
+	err  error
+}
+
+func (a failingAcker) Ack() error  { a.acks.Add(1); return a.err }
+func (a failingAcker) Nack() error { return a.err }

@@ -165,7 +165,13 @@ func (c *Consumer) dead(j job, reason error) {
 }
 
 func (c *Consumer) ack(j job) {
-	if err := j.d.Acker.Ack(); err != nil {
+	if err := j.d.Acker.Ack(); errors.Is(err, ErrClosed) {
+		// Close ended the subscription while this message was handled,
+		// and it gave the delivery back: the broker redelivers it and
+		// Handle finds the task done. Part of every shutdown under load,
+		// not a fault.
+		c.log.Info("delaybridge: handled as the subscription ended; the broker will redeliver it, and the done task makes that a no-op", "topic", j.topic)
+	} else if err != nil {
 		// The broker will redeliver; Handle makes the second run a no-op.
 		c.log.Warn("delaybridge: ack failed; the broker will redeliver", "topic", j.topic, "err", err)
 	}
