@@ -32,12 +32,17 @@ type Limits struct {
 	// broker no memory and a cancel costs nothing. Zero: no advice, publish
 	// every pending task at once.
 	Lookahead time.Duration
+	// RelayWorkers is the broker's advice on how many claim loops a relay
+	// runs when it is not told (outbox.RelayConfig.Workers): enough that
+	// some publish while others claim and mark their rows. Zero: no
+	// advice, the relay's own default.
+	RelayWorkers int
 }
 
 // Validate reports limits no planner can work with.
 func (l Limits) Validate() error {
-	if l.MaxHop < 0 || l.Precision < 0 || l.Lookahead < 0 {
-		return errors.New("broker: limits: negative MaxHop, Precision or Lookahead")
+	if l.MaxHop < 0 || l.Precision < 0 || l.Lookahead < 0 || l.RelayWorkers < 0 {
+		return errors.New("broker: limits: negative MaxHop, Precision, Lookahead or RelayWorkers")
 	}
 	for i, lv := range l.Levels {
 		if lv <= 0 {

@@ -54,6 +54,7 @@ func TestLimitsValidate_RejectsUnusableLimits(t *testing.T) {
 	for name, l := range map[string]broker.Limits{
 		"negative max hop":        {MaxHop: -1},
 		"negative precision":      {Precision: -1},
+		"negative relay workers":  {RelayWorkers: -1},
 		"zero level":              {Levels: []time.Duration{0, time.Second}},
 		"descending levels":       {Levels: []time.Duration{2 * time.Second, time.Second}},
 		"duplicate levels":        {Levels: []time.Duration{time.Second, time.Second}},

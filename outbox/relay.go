@@ -27,7 +27,9 @@ type RelayConfig struct {
 	// batches apart from other relays'. A relay that is ahead (the oldest
 	// row of its last claim due more than half the lookahead away) while
 	// consumers have due tasks to handle runs the whole loop one at a
-	// time, resting after each full batch as long as it took. Default 4.
+	// time, resting after each full batch as long as it took. Default:
+	// the publisher's advice, Limits().RelayWorkers (RocketMQ 8), else
+	// DefaultWorkers.
 	Workers int
 	// Lookahead publishes only rows due within it: a task far from due
 	// waits in the database (cheap, and cancelled for free) and moves into
@@ -110,9 +112,6 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.BatchSize <= 0 {
 		c.BatchSize = 1000
 	}
-	if c.Workers <= 0 {
-		c.Workers = 4
-	}
 	if c.IdleMin <= 0 {
 		c.IdleMin = 20 * time.Millisecond
 	}
@@ -155,7 +154,10 @@ func (c RelayConfig) withDefaults() RelayConfig {
 // Defaults for RelayConfig.
 const (
 	DefaultPublishTimeout = 10 * time.Second
-	DefaultLease          = 30 * time.Second
+	// DefaultWorkers is RelayConfig.Workers' default when the publisher
+	// gives no advice (RabbitMQ, the in-process broker).
+	DefaultWorkers = 4
+	DefaultLease   = 30 * time.Second
 	// DefaultProbe: a task scheduled by another process reaches the
 	// broker within about 50 ms of coming due, for 20 one-row index
 	// reads a second.
@@ -240,6 +242,12 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	case cfg.Lookahead < 0:
 		cfg.Lookahead = 0 // every pending row at once
 	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = limits.RelayWorkers
+		if cfg.Workers <= 0 {
+			cfg.Workers = DefaultWorkers
+		}
+	}
 	if cfg.Probe > 0 && cfg.ProbeMax < cfg.Probe {
 		return nil, fmt.Errorf("outbox: NewRelay: ProbeMax %v is shorter than Probe %v; set it to at least Probe (equal keeps the probe at one rate)", cfg.ProbeMax, cfg.Probe)
 	}
@@ -284,6 +292,9 @@ func checkLookahead(cfg RelayConfig, limits broker.Limits) error {
 // Lookahead returns the lookahead the relay keeps, after the defaults: zero
 // when it publishes every pending row at once.
 func (r *Relay) Lookahead() time.Duration { return r.cfg.Lookahead }
+
+// Workers returns how many claim loops the relay runs, after the defaults.
+func (r *Relay) Workers() int { return r.cfg.Workers }
 
 // Nudge wakes an idle claim loop at once. Producers in the same process call
 // it after committing a Schedule to cut the relay's latency to a round trip.

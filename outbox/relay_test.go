@@ -322,6 +322,31 @@ func TestRelay_DefaultLookaheadComesFromTheBrokerAndKeepsLaterTasksInTheDatabase
 	}
 }
 
+// The relay runs as many claim loops as its broker advises (RocketMQ's
+// timed sends wait on the broker's store, so it asks for more), its own
+// default without advice, and what it was told above both.
+func TestNewRelay_WorkersFollowTheBrokersAdvice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		advice, set, want int
+	}{
+		{advice: 6, want: 6},
+		{advice: 0, want: outbox.DefaultWorkers},
+		{advice: 6, set: 2, want: 2},
+	} {
+		mem := memory.New(memory.Config{Limits: broker.Limits{RelayWorkers: tc.advice}})
+		relay, err := outbox.NewRelay(b.db, mem, outbox.RelayConfig{Workers: tc.set})
+		_ = mem.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := relay.Workers(); got != tc.want {
+			t.Errorf("advice %d, Workers %d: the relay runs %d loops, want %d", tc.advice, tc.set, got, tc.want)
+		}
+	}
+}
+
 func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -152,7 +152,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.preload, "preload", false, "schedule everything before starting the relay")
 	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
 	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
-	f.IntVar(&o.relayWkrs, "relay-workers", 4, "relay claim loops")
+	f.IntVar(&o.relayWkrs, "relay-workers", 0, relayWorkersHelp)
 	f.IntVar(&o.relayBatch, "relay-batch", 1000, "rows one relay claim takes")
 	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
@@ -179,6 +179,9 @@ func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	}
 	if o.concurrent < 0 {
 		return 0, fmt.Errorf("--concurrency %d: need 0 (the library's default) or more", o.concurrent)
+	}
+	if o.relayWkrs < 0 {
+		return 0, fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", o.relayWkrs)
 	}
 	if o.floor && (o.dbOnly || o.relayOnly) {
 		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")
@@ -395,7 +398,11 @@ func (b *benchSession) open(ctx context.Context) error {
 	if workers == 0 {
 		workers = broker.DefaultConcurrencyFor(runtime.GOMAXPROCS(0))
 	}
-	conns := o.producers + o.relayWkrs + workers + 8
+	relayWorkers := o.relayWkrs
+	if relayWorkers == 0 {
+		relayWorkers = max(ses.cl.pub.Limits().RelayWorkers, outbox.DefaultWorkers)
+	}
+	conns := o.producers + relayWorkers + workers + 8
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (

@@ -68,6 +68,9 @@ back (up to --drain) and exits 0.`,
 			if shardName != "" {
 				a.log = a.log.With("shard", shardName)
 			}
+			if workers < 0 {
+				return fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", workers)
+			}
 			ses, err := a.openSession(ctx, &bf, false, false)
 			if err != nil {
 				return err
@@ -113,7 +116,7 @@ back (up to --drain) and exits 0.`,
 			}
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
-				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "database", redactDSN(a.mysqlDSN))
+				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup
@@ -162,7 +165,7 @@ back (up to --drain) and exits 0.`,
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
-	f.IntVar(&workers, "relay-workers", 4, "concurrent relay claim loops while the relay is behind (one at a time while the oldest row it claims is due more than half the lookahead away)")
+	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
 	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
 	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "how long done and cancelled tasks are kept after their due time")
@@ -231,6 +234,8 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 
 // lookaheadHelp documents --lookahead for run and bench.
 const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 10s (the delayed exchange 5s), and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
+
+const relayWorkersHelp = "concurrent relay claim loops while the relay is behind, one at a time while it is ahead and consumers have due work (0 = the broker's advice: 8 on RocketMQ, whose timed sends wait on the broker's store, 4 on RabbitMQ)"
 
 const relayPaceHelp = "how long a relay loop waits after a claim that did not fill its batch while it publishes ahead (at most a fifth of the lookahead): tasks are claimed in batches as they come into the lookahead; one due sooner than two paces wakes the relay at once (negative = claim again at once)"
 

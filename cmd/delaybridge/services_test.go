@@ -358,6 +358,7 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
 		{[]string{"--topic", "two words"}, "--topic"},
 		{[]string{"--concurrency", "-1"}, "--concurrency -1: need 0"},
+		{[]string{"--relay-workers", "-2"}, "--relay-workers -2: need 0"},
 		{[]string{"--floor", "--database-only"}, "--floor compares a broker run with the database alone"},
 		{[]string{"--floor", "--relay-only"}, "--floor compares a broker run with the database alone"},
 	} {
@@ -365,6 +366,9 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("bench %v: err = %v, want %q", c.args, err, c.want)
 		}
+	}
+	if _, _, err := run(t, "run", "--mysql-dsn", dsn, "--relay-workers", "-1", "--log-level", "error"); err == nil || !strings.Contains(err.Error(), "--relay-workers -1: need 0") {
+		t.Errorf("run --relay-workers -1: err = %v, want it refused", err)
 	}
 	// The scratch database was never migrated by bench: no table was made.
 	var n int
