@@ -182,12 +182,13 @@ func interpolationSafe(collation string) bool {
 
 // DefaultMaxIdleConns is how many idle connections OpenDB keeps open.
 // database/sql keeps 2 unless told, and closes every other connection as
-// it is released; a relay's claim loops and probe, the scanner, the
-// cleaner and a consumer's group workers use up to about a dozen at once, so with
-// 2 a busy process opened a new connection for most claims and groups: 95
-// in one run of the 5,000-a-second bench, against 14 with its pool kept.
-// A service that opens its own *sql.DB for NewClient should keep as many.
-const DefaultMaxIdleConns = 16
+// it is released; a relay's claim loops (8 on RocketMQ) and probe, the
+// scanner, the cleaner and a consumer's group workers (up to 8) use up to
+// about twenty at once, so with 2 a busy process opened a new connection
+// for most claims and groups: 95 in one run of the 5,000-a-second bench,
+// against 14 with its pool kept. A service that opens its own *sql.DB for
+// NewClient should keep as many.
+const DefaultMaxIdleConns = 20
 
 // OpenDB opens and pings the outbox database, keeping up to
 // DefaultMaxIdleConns connections idle; the password never appears in the

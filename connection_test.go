@@ -20,7 +20,7 @@ func TestOpenDB_KeepsTheConnectionsABusyProcessUses(t *testing.T) {
 		testenv.Unreachable(t, "MariaDB", "DELAYBRIDGE_MYSQL_DSN", err)
 	}
 	defer db.Close()
-	const busy = 12 // 4 claim loops, the probe, 8 group workers, less one
+	const busy = 19 // 8 claim loops (RocketMQ), the probe, 8 group workers, the scanner, the cleaner, less one
 	for round := 0; round < 2; round++ {
 		conns := make([]*sql.Conn, busy)
 		for i := range conns {
