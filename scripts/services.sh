@@ -425,16 +425,15 @@ rocketmq_up() {
 		sed 's/^/  rocketmq: /; s/  */ /g' >&2 || true
 }
 
-# stop_pid NAME PIDFILE CLASS : SIGTERM (RocketMQ's shutdown hooks run), then
-# SIGKILL after 30 s. Without a live pid file (a server started from another
-# checkout) it finds the JVM by its main CLASS.
 # listener_pid PORT: the pid of the process listening on 127.0.0.1:PORT, if any.
 listener_pid() {
 	{ ss -Hltnp "sport = :$1" 2>/dev/null || true; } | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n1
 }
 
-# stop_pid NAME PIDFILE CLASS [PORT]: stops the process in PIDFILE or, when
-# that is not alive, the one listening on PORT, else the first CLASS process.
+# stop_pid NAME PIDFILE CLASS [PORT]: SIGTERM (RocketMQ's shutdown hooks run),
+# then SIGKILL after 30 s, to the process in PIDFILE or, when that is not
+# alive (a server started from another checkout), the one listening on PORT,
+# else the first process running the JVM main CLASS.
 stop_pid() {
 	local name="$1" pidfile="$2" class="$3" port="${4:-}" pid=""
 	if pid_alive "$pidfile"; then
