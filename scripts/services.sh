@@ -4,7 +4,7 @@
 #   scripts/services.sh up      install what is missing, start what is stopped, set up users
 #   scripts/services.sh down    stop all three (or only those named: down rocketmq)
 #   scripts/services.sh status  print each service up/down
-#   scripts/services.sh env     print the shell-sourceable settings the tests and CLI read
+#   scripts/services.sh env     print the settings the tests and CLI read, as export lines for eval
 #
 # TLS: `up` also makes a throwaway local CA, a server certificate for
 # 127.0.0.1/localhost and a client certificate under .services/tls (git-ignored),
@@ -507,20 +507,20 @@ cmd_status() {
 	done
 }
 
-cmd_env() {
+cmd_env() { # export lines: eval "$(scripts/services.sh env)" passes them to the commands run after it
 	cat <<-EOF
-		DELAYBRIDGE_MYSQL_DSN='$MYSQL_DSN'
-		DELAYBRIDGE_AMQP_URL='$AMQP_URL'
-		DELAYBRIDGE_ROCKETMQ_NAMESRV='$NAMESRV'
-		DELAYBRIDGE_RABBITMQCTL=rabbitmqctl
-		DELAYBRIDGE_MQADMIN='$SCRIPTS/mqadmin.sh'
-		DELAYBRIDGE_ROCKETMQ_BROKER_ADDR='127.0.0.1:10911'
-		DELAYBRIDGE_ROCKETMQ_MAX_DELAY='1h'
-		DELAYBRIDGE_ROCKETMQ_PRECISION='100ms'
-		DELAYBRIDGE_TEST_AMQPS_URL='$AMQPS_URL'
-		DELAYBRIDGE_TEST_TLS_CA='$TLS_DIR/ca.pem'
-		DELAYBRIDGE_TEST_TLS_CLIENT_CERT='$TLS_DIR/client.pem'
-		DELAYBRIDGE_TEST_TLS_CLIENT_KEY='$TLS_DIR/client-key.pem'
+		export DELAYBRIDGE_MYSQL_DSN='$MYSQL_DSN'
+		export DELAYBRIDGE_AMQP_URL='$AMQP_URL'
+		export DELAYBRIDGE_ROCKETMQ_NAMESRV='$NAMESRV'
+		export DELAYBRIDGE_RABBITMQCTL=rabbitmqctl
+		export DELAYBRIDGE_MQADMIN='$SCRIPTS/mqadmin.sh'
+		export DELAYBRIDGE_ROCKETMQ_BROKER_ADDR='127.0.0.1:10911'
+		export DELAYBRIDGE_ROCKETMQ_MAX_DELAY='1h'
+		export DELAYBRIDGE_ROCKETMQ_PRECISION='100ms'
+		export DELAYBRIDGE_TEST_AMQPS_URL='$AMQPS_URL'
+		export DELAYBRIDGE_TEST_TLS_CA='$TLS_DIR/ca.pem'
+		export DELAYBRIDGE_TEST_TLS_CLIENT_CERT='$TLS_DIR/client.pem'
+		export DELAYBRIDGE_TEST_TLS_CLIENT_KEY='$TLS_DIR/client-key.pem'
 	EOF
 }
 

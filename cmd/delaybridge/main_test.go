@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +151,14 @@ func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
 	}
 	if out := mustRun(t, "status", "--mysql-dsn", dsn); !strings.Contains(out, "dead: 1") || !strings.Contains(out, "counted live") {
 		t.Fatalf("status table:\n%s", out)
+	}
+	// A row written by hand with a state no delaybridge uses is never
+	// claimed nor cleaned; the table lists it (docs/table-contract.md).
+	if _, err := pool.Exec("UPDATE delay_task SET state = 'PENDING' WHERE task_key = 'pending'"); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, "status", "--mysql-dsn", dsn); !regexp.MustCompile(`(?m)^PENDING +orders +1$`).MatchString(out) {
+		t.Fatalf("status table does not list the row in state PENDING:\n%s", out)
 	}
 }
 

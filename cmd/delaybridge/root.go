@@ -52,7 +52,7 @@ and the flag name in upper case with underscores (--mysql-dsn is
 DELAYBRIDGE_MYSQL_DSN), or in the file given by --config, one "name = value"
 per line. The command line wins over the environment, which wins over the
 file. Each flag that may hold a secret (--mysql-dsn, --amqp-url,
---rocketmq-secret-key) also has a -file twin (--mysql-dsn-file,
+--rocketmq-secret-key, --signing-keys) also has a -file twin (--mysql-dsn-file,
 DELAYBRIDGE_MYSQL_DSN_FILE) that reads the value from a file, so the secret
 stays out of the process list, the environment and the config file. Secrets
 are never printed: passwords in DSNs and URLs are redacted in every message.

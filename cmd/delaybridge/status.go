@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -70,7 +71,7 @@ naming it. A shard it cannot read is reported and the others still are.`,
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STATE\tTOPIC\tTASKS")
-			for _, state := range []outbox.State{outbox.StatePending, outbox.StatePublished, outbox.StateDead} {
+			for _, state := range tableStates(st.Backlog) {
 				topics := make([]string, 0, len(st.Backlog[state]))
 				for t := range st.Backlog[state] {
 					topics = append(topics, t)
@@ -101,8 +102,24 @@ naming it. A shard it cannot read is reported and the others still are.`,
 	}
 	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
-	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary `delaybridge run` keeps (slow on a large outbox)")
+	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary that delaybridge run keeps (slow on a large outbox)")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
 	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary")
 	return cmd
+}
+
+// tableStates orders the backlog's states for the table: pending,
+// published, dead, then any state no delaybridge writes (a row inserted by
+// hand as 'PENDING' or 'new'), which nothing claims or cleans: listed, an
+// operator sees it.
+func tableStates(backlog map[outbox.State]map[string]int) []outbox.State {
+	states := []outbox.State{outbox.StatePending, outbox.StatePublished, outbox.StateDead}
+	var other []outbox.State
+	for s := range backlog {
+		if !slices.Contains(states, s) {
+			other = append(other, s)
+		}
+	}
+	slices.Sort(other)
+	return append(states, other...)
 }
