@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
@@ -286,20 +287,32 @@ func TestScanner_OverdueQueryIsAnIndexRangeScan(t *testing.T) {
 	for i := range 50 {
 		b.task(t, fmt.Sprint(i), outbox.StateDone, time.Now().Add(-time.Hour))
 	}
-	var (
-		id                                                 int
-		selectType, table, typ, possible, key, keyLen, ref sql.NullString
-		rows                                               sql.NullInt64
-		extra                                              sql.NullString
-	)
-	err := b.db.QueryRow(`EXPLAIN SELECT id FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = 'published' AND due_ms < 1 AND next_attempt_ms <= 1 ORDER BY due_ms LIMIT 500`).
-		Scan(&id, &selectType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra)
+	// The scanner's look and claim, as it runs them.
+	cut := time.Now().Add(-time.Minute).UnixMilli()
+	spec := store.ClaimSpec{State: store.Published, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut, Limit: 500}
+	look, err := store.FirstQuery(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if typ.String != "range" || key.String != "ix_delay_task_state_due" || strings.Contains(extra.String, "filesort") {
-		t.Fatalf("EXPLAIN: type=%s key=%s extra=%s; want a range scan of ix_delay_task_state_due without filesort", typ.String, key.String, extra.String)
+	claim, args := store.ClaimQuery(spec)
+	for name, q := range map[string]struct {
+		query string
+		args  []any
+	}{"look": {look, nil}, "claim": {claim, args}} {
+		var (
+			id                                                 int
+			selectType, table, typ, possible, key, keyLen, ref sql.NullString
+			rows                                               sql.NullInt64
+			extra                                              sql.NullString
+		)
+		err := b.db.QueryRow("EXPLAIN "+q.query, q.args...).
+			Scan(&id, &selectType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra)
+		if err != nil {
+			t.Fatal(name, err)
+		}
+		if typ.String != "range" || key.String != "ix_delay_task_state_due" || strings.Contains(extra.String, "filesort") {
+			t.Errorf("%s: EXPLAIN type=%s key=%s extra=%s; want a range scan of ix_delay_task_state_due without filesort", name, typ.String, key.String, extra.String)
+		}
 	}
 }
 

@@ -107,17 +107,8 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 	// Rows past MaxBytes are read and dropped, never kept: a batch of large
 	// payloads never sits in memory whole, and they stay for the next claim
 	// (their locks go with the commit; only kept rows are leased).
-	after, args := "", []any{spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost}
-	if p := spec.After; p != nil {
-		// Two ranges of the index: the rest of After's due_ms, then
-		// every later due_ms.
-		after = " AND (due_ms > ? OR due_ms = ? AND id > ?)"
-		args = append(args, p.DueMS, p.DueMS, p.ID)
-	}
-	rows, err := tx.QueryContext(ctx, `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
-FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?`+after+`
-ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)...)
+	query, args := ClaimQuery(spec)
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
@@ -176,6 +167,22 @@ ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)...
 	return out, nil
 }
 
+// ClaimQuery returns the statement ClaimLeased runs to read and lock the
+// rows of spec, and its arguments: tests EXPLAIN it as it runs.
+func ClaimQuery(spec ClaimSpec) (string, []any) {
+	after, args := "", []any{spec.State, spec.DueAtMost, spec.ReadyAtMost, spec.PublishedAtMost}
+	if p := spec.After; p != nil {
+		// Two ranges of the index: the rest of After's due_ms, then
+		// every later due_ms.
+		after = " AND (due_ms > ? OR due_ms = ? AND id > ?)"
+		args = append(args, p.DueMS, p.DueMS, p.ID)
+	}
+	return `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
+FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?` + after + `
+ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)
+}
+
 // First returns the place of the first row ClaimLeased(spec) would take
 // from the head of the index (After is not read), nil if there is none,
 // with one read of the index and neither a lock nor a transaction: a
@@ -184,14 +191,12 @@ ORDER BY due_ms, id LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, spec.Limit)...
 // locked still counts. Its numbers are written into the statement, so it
 // costs one round trip whatever the DSN's interpolateParams.
 func First(ctx context.Context, db *sql.DB, spec ClaimSpec) (*Position, error) {
-	if spec.State != Pending && spec.State != Published {
-		return nil, fmt.Errorf("outbox: first claimable: state %q is not claimed", spec.State)
+	query, err := FirstQuery(spec)
+	if err != nil {
+		return nil, err
 	}
-	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	var p Position
-	err := db.QueryRowContext(ctx, "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '"+spec.State+
-		"' AND due_ms <= "+n(spec.DueAtMost)+" AND next_attempt_ms <= "+n(spec.ReadyAtMost)+
-		" AND published_ms <= "+n(spec.PublishedAtMost)+" ORDER BY due_ms, id LIMIT 1").Scan(&p.DueMS, &p.ID)
+	err = db.QueryRowContext(ctx, query).Scan(&p.DueMS, &p.ID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -199,6 +204,18 @@ func First(ctx context.Context, db *sql.DB, spec ClaimSpec) (*Position, error) {
 		return nil, fmt.Errorf("outbox: first claimable %s: %w", spec.State, err)
 	}
 	return &p, nil
+}
+
+// FirstQuery returns the statement First runs for spec: tests EXPLAIN it
+// as it runs.
+func FirstQuery(spec ClaimSpec) (string, error) {
+	if spec.State != Pending && spec.State != Published {
+		return "", fmt.Errorf("outbox: first claimable: state %q is not claimed", spec.State)
+	}
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	return "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '" + spec.State +
+		"' AND due_ms <= " + n(spec.DueAtMost) + " AND next_attempt_ms <= " + n(spec.ReadyAtMost) +
+		" AND published_ms <= " + n(spec.PublishedAtMost) + " ORDER BY due_ms, id LIMIT 1", nil
 }
 
 // Outcome statements of a claim. Each runs in its own short transaction
