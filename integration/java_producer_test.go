@@ -101,6 +101,12 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 		t.Fatalf("after the Java producer: %d pending, %d cancelled tasks (%v); want 7 and 3", pending, cancelled, err)
 	}
 
+	// Each committed cancellation counts itself here, in the handler's
+	// transaction: "once each" is about what committed, not how often the
+	// handler ran.
+	if _, err := db.Exec("CREATE TABLE java_effects (id VARCHAR(64) PRIMARY KEY, n INT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
 	pub, sub := rabbitClients(t, rabbitConfig(t))
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{IdleMax: 50 * time.Millisecond, Logger: quiet()})
 	if err != nil {
@@ -113,6 +119,9 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 		mu.Lock()
 		seen = append(seen, m)
 		mu.Unlock()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO java_effects (id, n) VALUES (?, 1) ON DUPLICATE KEY UPDATE n = n + 1", m.Key); err != nil {
+			return err
+		}
 		_, err := tx.ExecContext(ctx, "UPDATE java_orders SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
 		return err
 	}, broker.ConsumerConfig{Logger: quiet()})
@@ -173,5 +182,31 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 	}
 	if len(handled) != 7 {
 		t.Fatalf("the handler ran for %d orders, want 7: %v", len(handled), handled)
+	}
+	effects := map[string]int{}
+	erows, err := db.Query("SELECT id, n FROM java_effects")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer erows.Close()
+	for erows.Next() {
+		var id string
+		var n int
+		if err := erows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		effects[id] = n
+	}
+	if err := erows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		id, want := fmt.Sprintf("jp-%d", i), 1
+		if i%3 == 0 && i < 9 {
+			want = 0 // paid: its task was cancelled, nothing runs
+		}
+		if effects[id] != want {
+			t.Errorf("order %s: the cancellation committed %d times, want %d", id, effects[id], want)
+		}
 	}
 }
