@@ -209,7 +209,7 @@ func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
 		ctx, cancel := context.WithCancel(b.ctx)
 		done := make(chan struct{})
 		go func() { _ = r.Run(ctx); close(done) }()
-		time.Sleep(100 * time.Millisecond) // the loops made their first, empty claim and sleep for an hour
+		time.Sleep(500 * time.Millisecond) // the loops made their first, empty look and sleep for an hour
 		key := fmt.Sprintf("elsewhere-%v", probe > 0)
 		b.schedule(t, outbox.Task{Topic: "probe", Key: key, DueAt: time.Now()})
 		published := testutil.Eventually(3*time.Second, 20*time.Millisecond, func() bool {

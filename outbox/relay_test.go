@@ -221,7 +221,12 @@ func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
 	}})
 	t.Cleanup(func() { _ = mem.Close() })
 	b.schedule(t, outbox.Task{Topic: "flaky", Key: "k", DueAt: time.Now()})
-	r := newRelay(t, b, mem, outbox.RelayConfig{RetryInitial: 300 * time.Millisecond})
+	// The relay's clock stands still unless the test moves it: the backoff
+	// is compared with it, not with how long the test's statements take.
+	var clockMu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now }
+	r := newRelay(t, b, mem, outbox.RelayConfig{RetryInitial: 300 * time.Millisecond, Now: clock})
 	if _, err := r.Once(b.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +240,15 @@ func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
 	if n, _ := r.Once(b.ctx); n != 0 {
 		t.Fatalf("the row was claimed again %d time(s) before its backoff passed", n)
 	}
-	time.Sleep(350 * time.Millisecond)
+	clockMu.Lock()
+	now = now.Add(299 * time.Millisecond)
+	clockMu.Unlock()
+	if n, _ := r.Once(b.ctx); n != 0 {
+		t.Fatalf("the row was claimed again %d time(s) 299ms into a 300ms backoff", n)
+	}
+	clockMu.Lock()
+	now = now.Add(time.Millisecond)
+	clockMu.Unlock()
 	if n, err := r.Once(b.ctx); n != 1 || err != nil {
 		t.Fatalf("after the backoff Once = %d, %v", n, err)
 	}
