@@ -147,21 +147,7 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	statuses := map[string]string{}
-	rows, err := db.Query("SELECT id, status FROM java_orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id, st string
-		if err := rows.Scan(&id, &st); err != nil {
-			t.Fatal(err)
-		}
-		statuses[id] = st
-	}
-	if err := rows.Close(); err != nil {
-		t.Fatal(err)
-	}
+	statuses := queryMap[string](t, db, "SELECT id, status FROM java_orders")
 	for i := range 10 {
 		id, want := fmt.Sprintf("jp-%d", i), "CANCELLED"
 		if i%3 == 0 && i < 9 {
@@ -183,23 +169,7 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 	if len(handled) != 7 {
 		t.Fatalf("the handler ran for %d orders, want 7: %v", len(handled), handled)
 	}
-	effects := map[string]int{}
-	erows, err := db.Query("SELECT id, n FROM java_effects")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer erows.Close()
-	for erows.Next() {
-		var id string
-		var n int
-		if err := erows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		effects[id] = n
-	}
-	if err := erows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	effects := queryMap[int](t, db, "SELECT id, n FROM java_effects")
 	for i := range 10 {
 		id, want := fmt.Sprintf("jp-%d", i), 1
 		if i%3 == 0 && i < 9 {
@@ -209,4 +179,27 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 			t.Errorf("order %s: the cancellation committed %d times, want %d", id, effects[id], want)
 		}
 	}
+}
+
+// queryMap runs query, whose rows are (id, value), and returns them by id.
+func queryMap[V any](t *testing.T, db *sql.DB, query string) map[string]V {
+	t.Helper()
+	rows, err := db.Query(query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]V{}
+	for rows.Next() {
+		var id string
+		var v V
+		if err := rows.Scan(&id, &v); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
