@@ -159,7 +159,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
 	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default: two workers a core (GOMAXPROCS), from 4 to 8; groups grow with what waits, so a few workers suffice)")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
-	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it; the baseline and the relay carry the label phase=baseline or phase=relay, for -tagfocus)")
 	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to: a topic of its own keeps a run clear of what earlier runs left in the broker (a RocketMQ consumer group new to a topic starts from the first message the broker still holds in memory)")
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
@@ -337,7 +337,11 @@ func (b *benchSession) run(ctx context.Context) error {
 		return err
 	}
 	if o.baseline && !b.floorRun {
-		if err := b.measureBaseline(ctx); err != nil {
+		var err error
+		// Labelled, like the relay below, so a --cpuprofile tells the
+		// phases apart (go tool pprof -tagfocus phase=baseline).
+		pprof.Do(ctx, pprof.Labels("phase", "baseline"), func(ctx context.Context) { err = b.measureBaseline(ctx) })
+		if err != nil {
 			return err
 		}
 	}
@@ -351,7 +355,7 @@ func (b *benchSession) run(ctx context.Context) error {
 	startRelay := func() {
 		relayStart = time.Now()
 		bg.Add(1)
-		go func() { defer bg.Done(); _ = b.relay.Run(work) }()
+		go pprof.Do(work, pprof.Labels("phase", "relay"), func(ctx context.Context) { defer bg.Done(); _ = b.relay.Run(ctx) })
 	}
 	if !o.preload {
 		startRelay()
