@@ -226,6 +226,7 @@ func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
 	var clockMu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now }
+	advance := func(d time.Duration) { clockMu.Lock(); defer clockMu.Unlock(); now = now.Add(d) }
 	r := newRelay(t, b, mem, outbox.RelayConfig{RetryInitial: 300 * time.Millisecond, Now: clock})
 	if _, err := r.Once(b.ctx); err != nil {
 		t.Fatal(err)
@@ -240,15 +241,11 @@ func TestRelay_TransientFailureBacksOffTheRow(t *testing.T) {
 	if n, _ := r.Once(b.ctx); n != 0 {
 		t.Fatalf("the row was claimed again %d time(s) before its backoff passed", n)
 	}
-	clockMu.Lock()
-	now = now.Add(299 * time.Millisecond)
-	clockMu.Unlock()
+	advance(299 * time.Millisecond)
 	if n, _ := r.Once(b.ctx); n != 0 {
 		t.Fatalf("the row was claimed again %d time(s) 299ms into a 300ms backoff", n)
 	}
-	clockMu.Lock()
-	now = now.Add(time.Millisecond)
-	clockMu.Unlock()
+	advance(time.Millisecond)
 	if n, err := r.Once(b.ctx); n != 1 || err != nil {
 		t.Fatalf("after the backoff Once = %d, %v", n, err)
 	}

@@ -107,6 +107,20 @@ func getWithin(t *testing.T, ch *amqp.Channel, queue string, wait time.Duration)
 	return d, ok
 }
 
+// decodeDelivery reads the delaybridge message out of a raw delivery.
+func decodeDelivery(t *testing.T, d amqp.Delivery) *broker.Message {
+	t.Helper()
+	h, err := fromTable(d.Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := broker.Decode(h, d.Body)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	return m
+}
+
 // deathCount returns x-death's count for queue, 0 when absent.
 func deathCount(h amqp.Table, queue string) int64 {
 	deaths, _ := h["x-death"].([]any)
@@ -140,14 +154,7 @@ func TestLadder_RepublishedDeliveryCarriesNoDeathHistory(t *testing.T) {
 	if n := deathCount(d.Headers, level0); n != 1 {
 		t.Fatalf("after one pass x-death counts %d for %s, want 1 (headers %v)", n, level0, d.Headers)
 	}
-	h, err := fromTable(d.Headers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := broker.Decode(h, d.Body)
-	if err != nil {
-		t.Fatalf("Decode: %v", err)
-	}
+	got := decodeDelivery(t, d)
 	if err := d.Ack(false); err != nil {
 		t.Fatal(err)
 	}
@@ -324,15 +331,7 @@ func TestLadder_EveryDelayTakesExactlyItsUnits(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		h, err := fromTable(d.Headers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := broker.Decode(h, d.Body)
-		if err != nil {
-			t.Fatalf("Decode: %v", err)
-		}
-		key := m.Key
+		key := decodeDelivery(t, d).Key
 		if _, dup := got[key]; dup {
 			t.Errorf("%s units: delivered twice", key)
 		}
