@@ -26,8 +26,8 @@ func ListDead(ctx context.Context, q Querier, limit int) ([]*TaskInfo, error) {
 
 // Replay puts a dead task back to pending with its publish attempts reset
 // and a new generation, so the relay publishes it again and Handle runs it.
-// A task that is not dead returns ErrNotFound or ErrFinished-style errors
-// naming its state.
+// A missing task returns ErrNotFound; a task in any other state is left
+// as it is and returns ErrNotDead, naming its state.
 func Replay(ctx context.Context, q Querier, topic, key string) error {
 	now := time.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'pending', generation = generation + 1, publish_attempts = 0,
@@ -43,5 +43,5 @@ WHERE topic = ? AND task_key = ? AND state = 'dead'`, now, topic, []byte(key))
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("outbox: replay %s/%s: task is %s, not dead", topic, key, st)
+	return fmt.Errorf("%w: replay %s/%s: task is %s", ErrNotDead, topic, key, st)
 }

@@ -290,6 +290,26 @@ func TestCancel_StatesAndErrors(t *testing.T) {
 	}
 }
 
+func TestReplay_StatesAndErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, st := range []string{"pending", "published", "done", "cancelled"} {
+		b.schedule(t, outbox.Task{Topic: "rp", Key: st, DueAt: time.Now().Add(time.Hour)})
+		if _, err := b.db.Exec("UPDATE delay_task SET state = ? WHERE topic = 'rp' AND task_key = ?", st, st); err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.Replay(b.ctx, b.db, "rp", st); !errors.Is(err, outbox.ErrNotDead) || !strings.Contains(err.Error(), "is "+st) {
+			t.Fatalf("Replay(%s) = %v, want ErrNotDead naming the state", st, err)
+		}
+		if info, err := outbox.Get(b.ctx, b.db, "rp", st); err != nil || string(info.State) != st || info.Generation != 0 {
+			t.Fatalf("Replay(%s) changed the task: %+v, %v", st, info, err)
+		}
+	}
+	if err := outbox.Replay(b.ctx, b.db, "rp", "nope"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Replay(missing) = %v, want ErrNotFound", err)
+	}
+}
+
 func TestReschedule_BumpsGenerationAndReturnsToPending(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

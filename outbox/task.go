@@ -37,6 +37,8 @@ var (
 	ErrNotFound = errors.New("outbox: no such task")
 	// ErrFinished: the task is done or cancelled and cannot change.
 	ErrFinished = errors.New("outbox: task already finished")
+	// ErrNotDead: Replay found the task in a state other than dead.
+	ErrNotDead = errors.New("outbox: task is not dead")
 	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayload.
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidDue: the due time is zero.

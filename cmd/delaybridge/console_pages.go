@@ -671,7 +671,7 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot %s task %d%s: it is already done or cancelled", action, id, in))
 		case errors.Is(err, outbox.ErrInvalidDue), errors.Is(err, broker.ErrTooFar):
 			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("cannot %s task %d%s: %w", action, id, in, err))
-		case action == "replay" && strings.Contains(err.Error(), "not dead"):
+		case errors.Is(err, outbox.ErrNotDead):
 			c.fail(w, r, http.StatusConflict, fmt.Errorf("cannot replay task %d%s: it is not dead", id, in))
 		default:
 			c.failOn(w, r, sh, err)
