@@ -151,9 +151,10 @@ const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
 // lookahead on RabbitMQ (broker.Limits.Lookahead). RabbitMQ 3.10 quorum
 // queues keep waiting messages in memory (about 1 KB each) and every
 // ladder level a message passes costs a dead-letter hop, so the broker
-// holds only the next seconds: the ladder's lookahead equals its lead
-// (DefaultLead unless set), so what the relay publishes skips the ladder
-// and waits in the consumer. The plugin's exchange keeps its messages on
+// holds only the next seconds: the ladder's lookahead is its lead
+// (DefaultLead unless set), or its unit where that is longer, so what the
+// relay publishes skips the ladder and waits in the consumer.
+// LadderLookahead is that lookahead with the default lead and unit. The plugin's exchange keeps its messages on
 // one node only, so its five seconds limit what a lost node takes with
 // it, and still let the relay publish a burst of tens of thousands of
 // tasks due at one instant before it.

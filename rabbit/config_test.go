@@ -119,7 +119,7 @@ func TestConfig_DeadLetteringSetsEveryLevelsStrategy(t *testing.T) {
 }
 
 // Config.Limits is what a Publisher of the config would report, without a
-// connection: the default lead (and the lookahead, which equals it), a lead
+// connection: the default lead (and LadderLookahead, which equals it), a lead
 // set, one clamped to half a short ladder's hop, and the delayed exchange.
 func TestConfig_LimitsAreThePublishersWithoutConnecting(t *testing.T) {
 	url := "amqp://u:p@127.0.0.1:1/"
@@ -128,7 +128,7 @@ func TestConfig_LimitsAreThePublishersWithoutConnecting(t *testing.T) {
 		cfg                  Config
 		precision, lookahead time.Duration
 	}{
-		{"defaults", Config{URL: url}, DefaultUnit + DefaultLead, DefaultLead},
+		{"defaults", Config{URL: url}, DefaultUnit + DefaultLead, LadderLookahead},
 		{"lead 2s", Config{URL: url, Lead: 2 * time.Second}, DefaultUnit + 2*time.Second, 2 * time.Second},
 		{"no lead", Config{URL: url, Lead: -1}, DefaultUnit, DefaultUnit},
 		{"short ladder", Config{URL: url, Depth: 4}, DefaultUnit + 750*time.Millisecond, 750 * time.Millisecond},
