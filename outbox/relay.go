@@ -137,7 +137,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.Lease <= 0 {
-		c.Lease = max(DefaultLease, c.PublishTimeout+recordTimeout)
+		c.Lease = max(DefaultLease, c.PublishTimeout+store.RecordTimeout)
 	}
 	if c.MaxBatchBytes <= 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
@@ -512,38 +512,21 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	took := time.Since(start)
 	stopping := ctx.Err() != nil
 
-	// Record what the broker said even when ctx ended meanwhile: a
-	// confirmed message left unmarked would only be published again once
-	// its lease expired.
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-	defer rcancel()
 	results := broker.PublishResults(perr, len(batch))
-	ok, failed, dead := store.SplitResults(batch, results)
 	stamp := r.cfg.Now().UnixMilli()
-	var errs []error
-	// A row a consumer finished (or a payment cancelled) before this mark
+	// A row a consumer finished (or a payment cancelled) before the mark
 	// stays as they left it; the broker confirmed its message all the same.
-	if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {
-		errs = append(errs, fmt.Errorf("mark published: %w", err))
-	}
-	for reason, rows := range byReason(dead, batch, results, "publish rejected: ") {
-		if _, err := store.MarkDead(rctx, r.db, owner, store.Pending, rows, stamp, reason); err != nil {
-			errs = append(errs, fmt.Errorf("mark dead: %w", err))
-		}
-	}
-	if stopping {
-		// Shutting down: the broker may never have seen these; give them
-		// back untouched rather than count a failure that was ours.
-		if _, err := store.Release(rctx, r.db, owner, store.Pending, failed); err != nil {
-			errs = append(errs, fmt.Errorf("release: %w", err))
-		}
-	} else {
-		for reason, rows := range byReason(failed, batch, results, "publish failed: ") {
-			if _, err := store.MarkFailed(rctx, r.db, owner, store.Pending, rows, stamp, r.cfg.RetryInitial, r.cfg.RetryMax, 0, reason); err != nil {
-				errs = append(errs, fmt.Errorf("record failure: %w", err))
+	ok, failed, dead, rerr := store.Record(ctx, r.db, batch, results, store.Outcome{
+		Owner: owner, From: store.Pending, Stamp: stamp, Stopping: stopping,
+		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
+			if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {
+				return fmt.Errorf("mark published: %w", err)
 			}
-		}
-	}
+			return nil
+		},
+		RetryInitial: r.cfg.RetryInitial, RetryMax: r.cfg.RetryMax,
+		RefusedPrefix: "publish rejected: ", FailedPrefix: "publish failed: ",
+	})
 	if len(failed) > 0 && !stopping {
 		r.cfg.Logger.Warn("delaybridge relay: publish failed; rows stay pending and are retried with backoff", "rows", len(failed), "err", perr)
 		if r.cfg.Hooks.Failed != nil {
@@ -559,10 +542,8 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	if len(ok) > 0 && r.cfg.Hooks.Published != nil {
 		r.cfg.Hooks.Published(len(ok), took)
 	}
-	if len(errs) > 0 {
-		// The rows keep their lease and are claimed again when it expires:
-		// at worst published twice, which Handle makes harmless.
-		return claimed, fmt.Errorf("outbox relay: %w", errors.Join(errs...))
+	if rerr != nil {
+		return claimed, fmt.Errorf("outbox relay: %w", rerr)
 	}
 	if stopping {
 		return claimed, ctx.Err()
@@ -609,10 +590,6 @@ func (r *Relay) rescan() time.Duration {
 	return r.cfg.IdleMax
 }
 
-// recordTimeout bounds recording one claim's outcome, which runs on after
-// the caller's context ended.
-const recordTimeout = 10 * time.Second
-
 // splitInvalid takes out of batch the rows whose message fails Validate,
 // grouped by the reason.
 func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[string][]store.Claimed) {
@@ -629,22 +606,4 @@ func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[str
 		valid = append(valid, c)
 	}
 	return valid, invalid
-}
-
-// byReason groups rows of batch (a subset, sub) by the text of their
-// publish error, so one statement records each distinct reason.
-func byReason(sub, batch []store.Claimed, results []error, prefix string) map[string][]store.Claimed {
-	if len(sub) == 0 {
-		return nil
-	}
-	idx := make(map[int64]int, len(batch))
-	for i, c := range batch {
-		idx[c.Message.TaskID] = i
-	}
-	out := map[string][]store.Claimed{}
-	for _, c := range sub {
-		reason := prefix + results[idx[c.Message.TaskID]].Error()
-		out[reason] = append(out[reason], c)
-	}
-	return out
 }

@@ -53,6 +53,36 @@ func TestScanner_FailingRowsOlderThanALostTaskNeverStopItsRescue(t *testing.T) {
 	}
 }
 
+// Each row whose re-publish failed keeps its own error, not the batch's
+// first one: an operator reading last_error sees what happened to it.
+func TestScanner_EachFailedRowKeepsItsOwnReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.task(t, "full", outbox.StatePublished, time.Now().Add(-time.Hour))
+	b.task(t, "timeout", outbox.StatePublished, time.Now().Add(-time.Minute))
+	b.task(t, "refused", outbox.StatePublished, time.Now().Add(-time.Minute))
+	reasons := map[string]error{"full": errors.New("queue full"), "timeout": errors.New("send timed out"), "refused": broker.Permanent(errors.New("message too large"))}
+	pub := publishFunc(func(_ context.Context, msgs ...*broker.Message) error {
+		pe := &broker.PublishError{Failed: map[int]error{}}
+		for i, m := range msgs {
+			pe.Failed[i] = reasons[m.Key]
+		}
+		return pe
+	})
+	if _, err := b.scanner(t, pub, scanner.Config{}).Rescue(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"full": "rescue failed: queue full", "timeout": "rescue failed: send timed out", "refused": "rescue rejected: message too large"} {
+		info, err := outbox.Get(b.ctx, b.db, "scan", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.LastError != want {
+			t.Errorf("%s: last_error %q, want %q", key, info.LastError, want)
+		}
+	}
+}
+
 func TestScanner_RefusedForGoodGoesDead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

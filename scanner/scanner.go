@@ -172,7 +172,7 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 		cfg.PublishTimeout = outbox.DefaultPublishTimeout
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = max(outbox.DefaultLease, cfg.PublishTimeout+10*time.Second)
+		cfg.Lease = max(outbox.DefaultLease, cfg.PublishTimeout+store.RecordTimeout)
 	}
 	if cfg.Lease <= cfg.PublishTimeout {
 		return nil, fmt.Errorf("scanner: Lease %v must be longer than PublishTimeout %v", cfg.Lease, cfg.PublishTimeout)
@@ -293,34 +293,25 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	cancel()
 	results := broker.PublishResults(perr, len(msgs))
 	stopping := ctx.Err() != nil
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer rcancel()
 	stamp := s.cfg.Now().UnixMilli()
-	ok, failed, dead := store.SplitResults(claimed, results)
-	var errs []error
-	rescued := len(ok)
-	if _, err := store.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour); err != nil {
-		errs = append(errs, err)
-	}
+	ok, failed, dead, rerr := store.Record(ctx, s.db, claimed, results, store.Outcome{
+		Owner: owner, From: store.Published, Stamp: stamp, Stopping: stopping,
+		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
+			_, err := store.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour)
+			return err
+		},
+		// The claim compares next_attempt_ms with now - Grace, so a failed
+		// row's backoff is stored less Grace to wait what it says.
+		RetryInitial: s.cfg.RetryInitial, RetryMax: s.cfg.RetryMax, Skew: s.cfg.Grace,
+		RefusedPrefix: "rescue rejected: ", FailedPrefix: "rescue failed: ",
+	})
 	if len(dead) > 0 {
 		s.cfg.Logger.Error("delaybridge scanner: broker refused a re-publish for good; marked dead", "rows", len(dead), "err", perr)
-		if _, err := store.MarkDead(rctx, s.db, owner, store.Published, dead, stamp, "rescue rejected: "+firstErr(results)); err != nil {
-			errs = append(errs, err)
-		}
 	}
-	if len(failed) > 0 {
-		if stopping {
-			_, err = store.Release(rctx, s.db, owner, store.Published, failed)
-		} else {
-			s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; those rows back off", "rows", len(failed), "err", perr)
-			// The claim compares next_attempt_ms with now - Grace, so the
-			// backoff is stored less Grace to wait what it says.
-			_, err = store.MarkFailed(rctx, s.db, owner, store.Published, failed, stamp, s.cfg.RetryInitial, s.cfg.RetryMax, s.cfg.Grace, "rescue failed: "+firstErr(results))
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
+	if len(failed) > 0 && !stopping {
+		s.cfg.Logger.Warn("delaybridge scanner: re-publish failed; those rows back off", "rows", len(failed), "err", perr)
 	}
+	rescued := len(ok)
 	if rescued > 0 {
 		ids := make([]any, len(ok))
 		for i, c := range ok {
@@ -332,20 +323,10 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 			s.cfg.Hooks.Rescued(rescued)
 		}
 	}
-	if len(errs) > 0 {
-		return len(claimed), fmt.Errorf("scanner: record rescue: %w", errors.Join(errs...))
+	if rerr != nil {
+		return len(claimed), fmt.Errorf("scanner: record rescue: %w", rerr)
 	}
 	return len(claimed), nil
-}
-
-// firstErr returns the text of the first non-nil error in errs.
-func firstErr(errs []error) string {
-	for _, e := range errs {
-		if e != nil {
-			return e.Error()
-		}
-	}
-	return ""
 }
 
 // behind reports whether the last rescue is still mostly unhandled and
@@ -359,8 +340,8 @@ func (s *Scanner) behind(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	var open int
-	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND id IN (?"+
-		strings.Repeat(",?", len(s.lastIDs)-1)+")", s.lastIDs...).Scan(&open); err != nil {
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND id IN "+
+		store.InList(len(s.lastIDs)), s.lastIDs...).Scan(&open); err != nil {
 		return false, fmt.Errorf("scanner: check the last rescue: %w", err)
 	}
 	if 2*open > len(s.lastIDs) {

@@ -1,0 +1,92 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// RecordTimeout bounds recording one claim's outcome, which runs on after
+// the claimer's context ended.
+const RecordTimeout = 10 * time.Second
+
+// Outcome says how Record writes down what the publish of a claim did.
+type Outcome struct {
+	// Owner and From are the claim's: rows are changed only while Owner
+	// holds them in state From.
+	Owner int64
+	From  string
+	// Stamp is when the outcome is recorded (epoch milliseconds).
+	Stamp int64
+	// Stopping is set when the claimer's context ended during the
+	// publish: the rows the broker did not confirm may never have reached
+	// it, so they are given back untouched (Release) rather than counted
+	// as failures.
+	Stopping bool
+	// Confirmed records the rows the broker confirmed: the relay marks
+	// them published, the scanner counts a rescue.
+	Confirmed func(ctx context.Context, ok []Claimed) error
+	// RetryInitial, RetryMax and Skew are MarkFailed's backoff for rows
+	// whose publish failed for now.
+	RetryInitial, RetryMax, Skew time.Duration
+	// RefusedPrefix and FailedPrefix begin the reason stored on a row the
+	// broker refused for good and on one whose publish failed.
+	RefusedPrefix, FailedPrefix string
+}
+
+// Record writes down the outcome of publishing batch, results holding one
+// error per row as broker.PublishResults gives them, and returns the rows
+// by outcome. It runs even when ctx has ended (in a context of its own,
+// bounded by RecordTimeout): a confirmed message left unrecorded would be
+// published again once its lease expired. Each row that failed or was
+// refused keeps its own error as its reason, one statement a reason.
+// Rows it could not record keep their lease and are claimed again when it
+// expires: at worst published twice, which the consumer makes harmless.
+func Record(ctx context.Context, db *sql.DB, batch []Claimed, results []error, o Outcome) (ok, failed, refused []Claimed, err error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
+	defer cancel()
+	ok, failed, refused = SplitResults(batch, results)
+	var errs []error
+	if len(ok) > 0 {
+		if err := o.Confirmed(rctx, ok); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for reason, rows := range byReason(refused, batch, results, o.RefusedPrefix) {
+		if _, err := MarkDead(rctx, db, o.Owner, o.From, rows, o.Stamp, reason); err != nil {
+			errs = append(errs, fmt.Errorf("mark dead: %w", err))
+		}
+	}
+	if o.Stopping {
+		if _, err := Release(rctx, db, o.Owner, o.From, failed); err != nil {
+			errs = append(errs, fmt.Errorf("release: %w", err))
+		}
+	} else {
+		for reason, rows := range byReason(failed, batch, results, o.FailedPrefix) {
+			if _, err := MarkFailed(rctx, db, o.Owner, o.From, rows, o.Stamp, o.RetryInitial, o.RetryMax, o.Skew, reason); err != nil {
+				errs = append(errs, fmt.Errorf("record failure: %w", err))
+			}
+		}
+	}
+	return ok, failed, refused, errors.Join(errs...)
+}
+
+// byReason groups rows of batch (a subset, sub) by the text of their
+// publish error, so one statement records each distinct reason.
+func byReason(sub, batch []Claimed, results []error, prefix string) map[string][]Claimed {
+	if len(sub) == 0 {
+		return nil
+	}
+	idx := make(map[int64]int, len(batch))
+	for i, c := range batch {
+		idx[c.Message.TaskID] = i
+	}
+	out := map[string][]Claimed{}
+	for _, c := range sub {
+		reason := prefix + results[idx[c.Message.TaskID]].Error()
+		out[reason] = append(out[reason], c)
+	}
+	return out
+}
