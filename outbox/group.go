@@ -90,25 +90,18 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	var doneIDs []int64
 	seen := map[int64]bool{}
 	for i, m := range msgs {
-		r, ok := rows[i], rows[i] != nil
-		switch {
-		case !ok:
-			outcomes[i] = SkippedMissing
-			continue
-		case seen[r.id] || State(r.state) == StateDone:
+		r := rows[i]
+		if r != nil && seen[r.id] {
+			// A second message of a task this group already ran.
 			outcomes[i] = SkippedDone
 			continue
-		case State(r.state) == StateCancelled:
-			outcomes[i] = SkippedCancelled
+		}
+		switch o, verr := verdict(r, m); {
+		case verr != nil:
+			errs[i] = verr
 			continue
-		case State(r.state) == StateDead:
-			outcomes[i] = SkippedDead
-			continue
-		case m.Generation != r.gen:
-			outcomes[i] = SkippedStale
-			continue
-		case r.due > r.dbNow:
-			errs[i] = &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
+		case o != Handled:
+			outcomes[i] = o
 			continue
 		}
 		if ferr, ok := failed[i]; ok {
@@ -153,24 +146,18 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	return outcomes, errs, nil
 }
 
-// groupRow is a locked task row of a group.
-type groupRow struct {
-	id, gen, due, dbNow int64
-	topic, key, state   string
-}
-
 // lockGroup locks the task row of each message, by id where the message
 // carries one (in id order, one statement) and by (topic, key) otherwise,
 // and returns them by message index; nil where there is no such task.
-func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*groupRow, error) {
-	out := make([]*groupRow, len(msgs))
+func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*taskRow, error) {
+	out := make([]*taskRow, len(msgs))
 	var ids []int64
 	for _, m := range msgs {
 		if m.TaskID != 0 {
 			ids = append(ids, m.TaskID)
 		}
 	}
-	byID := map[int64]*groupRow{}
+	byID := map[int64]*taskRow{}
 	for _, chunk := range chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
 			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
@@ -179,7 +166,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 		}
 		for rows.Next() {
 			var (
-				r   groupRow
+				r   taskRow
 				key []byte
 			)
 			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
@@ -204,16 +191,11 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*grou
 			}
 			continue
 		}
-		var r groupRow
-		err := tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
-			m.Topic, []byte(m.Key)).Scan(&r.id, &r.state, &r.gen, &r.due, &r.dbNow)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
+		r, err := lockTask(ctx, tx, m)
+		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock %s/%s: %w", m.Topic, m.Key, err)
-		default:
-			out[i] = &r
 		}
+		out[i] = r
 	}
 	return out, nil
 }

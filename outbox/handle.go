@@ -95,49 +95,76 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	var (
-		id           int64
-		state        string
-		gen          int64
-		dueMS, dbNow int64
-	)
-	var row *sql.Row
-	if msg.TaskID != 0 {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
-			msg.TaskID, msg.Topic, []byte(msg.Key))
-	} else {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
-			msg.Topic, []byte(msg.Key))
-	}
-	switch err := row.Scan(&id, &state, &gen, &dueMS, &dbNow); {
-	case errors.Is(err, sql.ErrNoRows):
-		return SkippedMissing, nil
-	case err != nil:
+	r, err := lockTask(ctx, tx, msg)
+	if err != nil {
 		return 0, fmt.Errorf("outbox: handle %s/%s: lock task: %w", msg.Topic, msg.Key, err)
 	}
-	switch {
-	case State(state) == StateDone:
-		return SkippedDone, nil
-	case State(state) == StateCancelled:
-		return SkippedCancelled, nil
-	case State(state) == StateDead:
-		return SkippedDead, nil
-	case msg.Generation != gen:
-		return SkippedStale, nil
-	case dueMS > dbNow:
-		// The row, not the message, says when the task is due, and the
-		// database's clock, not this host's, says whether that has come.
-		return 0, &broker.EarlyError{Remaining: time.Duration(dueMS-dbNow) * time.Millisecond}
+	if o, err := verdict(r, msg); err != nil || o != Handled {
+		return o, err
 	}
 	if err := fn(ctx, tx); err != nil {
 		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id = ?",
-		time.Now().UnixMilli(), time.Now().UnixMilli(), id); err != nil {
+		time.Now().UnixMilli(), time.Now().UnixMilli(), r.id); err != nil {
 		return 0, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err)
+	}
+	return Handled, nil
+}
+
+// taskRow is a task row a handler locked, with the database's clock read
+// in the same statement: what decides whether a message's fn runs.
+type taskRow struct {
+	id, gen, due, dbNow int64
+	topic, key, state   string
+}
+
+// lockTask locks the task row of m in tx: by m.TaskID when set (the row
+// must still be m's topic and key, not another that took its id), else by
+// (m.Topic, m.Key). It returns nil when there is no such task.
+func lockTask(ctx context.Context, tx *sql.Tx, m *broker.Message) (*taskRow, error) {
+	r := taskRow{topic: m.Topic, key: m.Key}
+	var row *sql.Row
+	if m.TaskID != 0 {
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
+			m.TaskID, m.Topic, []byte(m.Key))
+	} else {
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+			m.Topic, []byte(m.Key))
+	}
+	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.dbNow); {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &r, nil
+}
+
+// verdict says what becomes of m, whose task row r is locked (nil: there
+// is none): an outcome that skips it when the task is missing, done,
+// cancelled, dead or of another generation; an *broker.EarlyError when the
+// row's due time has not come by the database's clock; Handled and nil
+// when fn is to run. Handle and HandleGroup both decide with it.
+func verdict(r *taskRow, m *broker.Message) (Outcome, error) {
+	switch {
+	case r == nil:
+		return SkippedMissing, nil
+	case State(r.state) == StateDone:
+		return SkippedDone, nil
+	case State(r.state) == StateCancelled:
+		return SkippedCancelled, nil
+	case State(r.state) == StateDead:
+		return SkippedDead, nil
+	case m.Generation != r.gen:
+		return SkippedStale, nil
+	case r.due > r.dbNow:
+		// The row, not the message, says when the task is due, and the
+		// database's clock, not this host's, says whether that has come.
+		return 0, &broker.EarlyError{Remaining: time.Duration(r.due-r.dbNow) * time.Millisecond}
 	}
 	return Handled, nil
 }
