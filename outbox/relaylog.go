@@ -43,6 +43,7 @@ func LogProgress(next RelayHooks, logger *slog.Logger, interval time.Duration) R
 			}
 			p.add(0, 0, n, 0)
 		},
+		Claimed: next.Claimed,
 	}
 }
 

@@ -14,11 +14,12 @@ func TestLogProgress_OneSummaryLinePerIntervalAndNextHooksStillCalled(t *testing
 	t.Parallel()
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	var published, failed, dead int
+	var published, failed, dead, claimed int
 	next := outbox.RelayHooks{
 		Published: func(n int, _ time.Duration) { published += n },
 		Failed:    func(n int) { failed += n },
 		Dead:      func(n int) { dead += n },
+		Claimed:   func(n int) { claimed += n },
 	}
 	h := outbox.LogProgress(next, logger, 50*time.Millisecond)
 	for range 100 {
@@ -26,6 +27,7 @@ func TestLogProgress_OneSummaryLinePerIntervalAndNextHooksStillCalled(t *testing
 	}
 	h.Failed(3)
 	h.Dead(1)
+	h.Claimed(4)
 	if buf.Len() != 0 {
 		t.Fatalf("logged before the interval passed:\n%s", buf.String())
 	}
@@ -41,7 +43,7 @@ func TestLogProgress_OneSummaryLinePerIntervalAndNextHooksStillCalled(t *testing
 			t.Errorf("summary %q lacks %q", lines[0], want)
 		}
 	}
-	if published != 1010 || failed != 3 || dead != 1 {
-		t.Errorf("next hooks saw published %d failed %d dead %d", published, failed, dead)
+	if published != 1010 || failed != 3 || dead != 1 || claimed != 4 {
+		t.Errorf("next hooks saw published %d failed %d dead %d claimed %d", published, failed, dead, claimed)
 	}
 }
