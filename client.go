@@ -171,6 +171,9 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		handlers := c.handlers
 		cc := c.cfg.Consumer
 		cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
+		if m := c.cfg.Metrics; m != nil {
+			cc.Hooks = joinConsumerHooks(cc.Hooks, m.ConsumerHooks())
+		}
 		consumer, err := outbox.NewConsumer(c.db, conn.Subscriber, conn.Publisher, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			fn, ok := handlers[m.Topic]
 			if !ok {
@@ -204,6 +207,9 @@ func (c *Client) startBackground(conn *Connection) error {
 	if c.cfg.Relay != nil {
 		rc := *c.cfg.Relay
 		rc.Logger = cmp.Or(rc.Logger, c.cfg.Logger)
+		if m := c.cfg.Metrics; m != nil {
+			rc.Hooks = joinRelayHooks(rc.Hooks, m.RelayHooks())
+		}
 		rc.Hooks = outbox.LogProgress(rc.Hooks, rc.Logger, 0)
 		relay, err := outbox.NewRelay(c.db, conn.Publisher, rc)
 		if err != nil {
@@ -214,6 +220,9 @@ func (c *Client) startBackground(conn *Connection) error {
 	if c.cfg.Scanner != nil {
 		sc := *c.cfg.Scanner
 		sc.Logger = cmp.Or(sc.Logger, c.cfg.Logger)
+		if m := c.cfg.Metrics; m != nil {
+			sc.Hooks = joinScannerHooks(sc.Hooks, m.ScannerHooks())
+		}
 		s, err := scanner.New(c.db, conn.Publisher, sc)
 		if err != nil {
 			return err

@@ -128,6 +128,11 @@ type Config struct {
 	// Scanner, when not nil, makes a Client also run the scanner in its
 	// process with this configuration (see Relay).
 	Scanner *scanner.Config
+	// Metrics, when not nil, is fed by the consumer, relay and scanner a
+	// Client runs (NewMetrics), beside any hooks set above: the consumer's
+	// lateness, outcomes and group sizes that the dashboard in
+	// deploy/grafana shows come from the service that runs the handlers.
+	Metrics *Metrics
 }
 
 // DefaultConfig returns the default of every setting: the values the

@@ -5,7 +5,11 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
@@ -128,6 +132,31 @@ func ExampleClient_Overdue() {
 	// Output:
 	// before the cancel time: stored UNPAID, shown UNPAID
 	// after the cancel time:  stored UNPAID, shown EXPIRED
+}
+
+// The service that runs the handlers exports the consumer's series (its
+// lateness, outcomes, retries and group sizes), which the dashboard in
+// deploy/grafana and the alert rules in deploy/prometheus read; delaybridge
+// run exports the relay's, the scanner's and the outbox's. Compiled, not
+// run: it serves until the process ends.
+func ExampleNewMetrics() {
+	ctx := context.Background()
+	cfg, db := openOrders(ctx)
+	defer db.Close()
+	reg := prometheus.NewRegistry()
+	metrics, err := delaybridge.NewMetrics(reg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.Metrics = metrics
+	client, err := delaybridge.NewClient(db, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// client.Handle(...), client.Start(ctx) as in Example.
+	_ = client
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	log.Fatal(http.ListenAndServe("127.0.0.1:9466", nil))
 }
 
 // openOrders reads the settings, opens the database, creates or upgrades

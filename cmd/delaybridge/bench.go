@@ -448,7 +448,7 @@ func inProcessClients(lookahead time.Duration) *clients {
 // the relay is measured, starts it.
 func (b *benchSession) startConsumer(ctx context.Context) error {
 	o, run := b.o, b.tasks
-	hooks := b.m.consumerHooks()
+	hooks := b.m.ConsumerHooks()
 	grouped := hooks.Grouped
 	hooks.Grouped = func(topic string, n int, took time.Duration) {
 		run.groups.Add(1)
@@ -534,7 +534,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 // newRelay builds the relay. Its progress is counted in memory: polling
 // the table for it would itself load the database the bench measures.
 func (b *benchSession) newRelay() error {
-	hooks := b.m.relayHooks()
+	hooks := b.m.RelayHooks()
 	published, dead := hooks.Published, hooks.Dead
 	hooks.Published = func(n int, took time.Duration) { b.tasks.relayed.Add(int64(n)); published(n, took) }
 	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }

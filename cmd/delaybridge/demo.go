@@ -69,7 +69,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			defer stopHTTP()
 			work, stopWork := context.WithCancel(ctx)
 			defer stopWork()
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.relayHooks()})
+			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.RelayHooks()})
 			if err != nil {
 				return err
 			}
@@ -83,7 +83,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return err
 			}
 			consumer, err := outbox.NewConsumer(db, cl.sub, cl.pub, svc.CancelTask, broker.ConsumerConfig{
-				Concurrency: 16, Logger: a.log, Hooks: m.consumerHooks(),
+				Concurrency: 16, Logger: a.log, Hooks: m.ConsumerHooks(),
 			})
 			if err != nil {
 				return err

@@ -9,25 +9,31 @@ import (
 	"testing"
 )
 
-// exportedMetrics returns the metric names metrics.go registers.
+// metricSources are the files that name the series a delaybridge process
+// exports: the library's (delaybridge.Metrics) and the daemon's collectors.
+var metricSources = []string{"../../metrics.go", "metrics.go", "topology.go"}
+
+// exportedMetrics returns the metric names metricSources register.
 func exportedMetrics(t *testing.T) []string {
 	t.Helper()
-	src, err := os.ReadFile("metrics.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var names []string
-	for _, m := range regexp.MustCompile(`"(delaybridge_[a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
-		names = append(names, m[1])
+	for _, f := range metricSources {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`"(delaybridge_[a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+			names = append(names, m[1])
+		}
 	}
 	if len(names) < 10 {
-		t.Fatalf("found only %v in metrics.go", names)
+		t.Fatalf("found only %v in %v", names, metricSources)
 	}
 	return names
 }
 
 // checkMetricNames fails for every delaybridge_ series in expr that
-// metrics.go does not export (a histogram's _bucket, _sum and _count count
+// metricSources do not export (a histogram's _bucket, _sum and _count count
 // as its own).
 func checkMetricNames(t *testing.T, where, expr string, known []string) int {
 	t.Helper()

@@ -11,30 +11,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
-// metrics are the Prometheus series delaybridge exports. Labels carry only
-// topics and states, never keys, payloads or connection settings.
+// metrics are the Prometheus series a delaybridge process exports: the
+// relay's, the scanner's and the consumer's (delaybridge.Metrics, fed by
+// their hooks), the outbox's counts read at scrape time, and the Go
+// runtime's and the process's. Labels carry only topics, states and
+// outcomes, never keys, payloads or connection settings.
 type metrics struct {
+	*delaybridge.Metrics
 	reg *prometheus.Registry
-
-	relayPublished prometheus.Counter
-	relayFailed    prometheus.Counter
-	relayDead      prometheus.Counter
-	relayLatency   prometheus.Histogram
-	rescued        prometheus.Counter
-	business       prometheus.Counter
-
-	lateness *prometheus.HistogramVec
-	hops     *prometheus.CounterVec
-	retries  *prometheus.CounterVec
-	dead     *prometheus.CounterVec
-	stuck    *prometheus.CounterVec
-	outcomes *prometheus.CounterVec
-	groups   *prometheus.HistogramVec
 
 	// outbox exports the outbox's counts, unconsumed the overdue topics
 	// without a live consumer; nil without a database.
@@ -46,27 +34,11 @@ type metrics struct {
 
 func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
-	m.relayPublished = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_published_total", Help: "Tasks the relay published and marked published."})
-	m.relayFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_failed_total", Help: "Task publishes that failed transiently and will be retried."})
-	m.relayDead = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_dead_total", Help: "Tasks the broker rejected for good."})
-	m.relayLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delaybridge_relay_publish_seconds", Help: "Time to publish one relay batch and receive its confirms.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
-	m.rescued = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_scanner_rescued_total", Help: "Overdue published tasks the scanner published again."})
-	m.business = prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_scanner_business_handled_total", Help: "Keys the scanner's business source handled."})
-	m.lateness = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_lateness_seconds", Help: "Handler start time minus due time.",
-		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}}, []string{"topic"})
-	m.hops = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_hops_total", Help: "Early messages published again as another hop."}, []string{"topic"})
-	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_retries_total", Help: "Failed handler runs scheduled for a retry."}, []string{"topic"})
-	m.dead = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_dead_total", Help: "Messages the runtime gave up on."}, []string{"topic"})
-	m.stuck = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_stuck_handlers_total", Help: "Handlers abandoned because they ran past HandlerTimeout plus HandlerGrace."}, []string{"topic"})
-	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_outcomes_total",
-		Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead)."},
-		[]string{"topic", "outcome", "reason"})
-	m.groups = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
-		Help:    "Messages one group-commit transaction handled (groups of two or more; a lone due message runs on its own).",
-		Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"})
-	m.reg.MustRegister(m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business, m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var err error
+	if m.Metrics, err = delaybridge.NewMetrics(m.reg); err != nil {
+		panic(err) // a new registry holds nothing to collide with
+	}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		// No lateness window: the consumers export lateness themselves.
 		read := func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
@@ -77,49 +49,6 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 		m.reg.MustRegister(m.outbox, m.unconsumed)
 	}
 	return m
-}
-
-func (m *metrics) relayHooks() outbox.RelayHooks {
-	return outbox.RelayHooks{
-		Published: func(n int, took time.Duration) {
-			m.relayPublished.Add(float64(n))
-			m.relayLatency.Observe(took.Seconds())
-		},
-		Failed: func(n int) { m.relayFailed.Add(float64(n)) },
-		Dead:   func(n int) { m.relayDead.Add(float64(n)) },
-	}
-}
-
-func (m *metrics) scannerHooks() scanner.Hooks {
-	return scanner.Hooks{
-		Rescued:         func(n int) { m.rescued.Add(float64(n)) },
-		BusinessHandled: func(n int) { m.business.Add(float64(n)) },
-	}
-}
-
-func (m *metrics) consumerHooks() broker.Hooks {
-	return broker.Hooks{
-		Handled: func(topic string, l time.Duration) { m.lateness.WithLabelValues(topic).Observe(l.Seconds()) },
-		Hopped:  func(topic string, _ int) { m.hops.WithLabelValues(topic).Inc() },
-		Retried: func(topic string, _ int) { m.retries.WithLabelValues(topic).Inc() },
-		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
-		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
-		Grouped: func(topic string, n int, _ time.Duration) { m.groups.WithLabelValues(topic).Observe(float64(n)) },
-		Settled: func(topic string, o broker.Outcome, reason string) {
-			m.outcomes.WithLabelValues(topic, string(o), skipLabel(reason)).Inc()
-		},
-	}
-}
-
-// skipLabel bounds the reason label to the reasons outbox reports: a
-// custom handler's broker.Skip reason is free text, and a series per text
-// would grow without end.
-func skipLabel(reason string) string {
-	switch reason {
-	case "", "done", "cancelled", "stale", "missing", "dead":
-		return reason
-	}
-	return "other"
 }
 
 // outboxCollector reads the outbox backlog at scrape time: the summary the

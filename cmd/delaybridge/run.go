@@ -92,11 +92,11 @@ back (up to --drain) and exits 0.`,
 			}
 			m.shard = shardName
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.relayHooks(), a.log, 0), Logger: a.log})
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.RelayHooks(), a.log, 0), Logger: a.log})
 			if err != nil {
 				return err
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: m.scannerHooks(), Logger: a.log})
+			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: m.ScannerHooks(), Logger: a.log})
 			if err != nil {
 				return err
 			}
