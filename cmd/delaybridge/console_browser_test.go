@@ -367,6 +367,10 @@ func TestConsole_RefusesRequestsWithoutCredentialAndActionsWithoutToken(t *testi
 	if code, body := b.post(t, fmt.Sprintf("/tasks/%d/replay", b.ids["k-later"]), url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusConflict || strings.Contains(body, "k-later") {
 		t.Errorf("replay of a pending task: %d %q", code, body)
 	}
+	// The outbox's error names the task by topic/key; the log must not.
+	if logs := b.logs.String(); !strings.Contains(logs, "console: action failed") || !strings.Contains(logs, "not dead") || strings.Contains(logs, "k-later") {
+		t.Errorf("the failed replay's log line is missing or names the key:\n%s", logs)
+	}
 	if code, _ := b.get(t, "/tasks?key=k-later"); code != http.StatusBadRequest {
 		t.Errorf("key search without a topic: %d", code)
 	}

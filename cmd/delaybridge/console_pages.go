@@ -695,10 +695,25 @@ func actOn(ctx context.Context, db *sql.DB, id int64, fn func(ctx context.Contex
 		return "", err
 	}
 	if err := fn(ctx, tx, topic, key); err != nil {
-		return topic, err
+		return topic, keyless{err: err, topic: topic, key: key}
 	}
 	return topic, tx.Commit()
 }
+
+// keyless is an outbox error whose text names the task by topic and id
+// rather than by key (the outbox's errors say topic/key): the console's
+// logs carry ids and topics, never keys. errors.Is and As see the
+// outbox's error.
+type keyless struct {
+	err        error
+	topic, key string
+}
+
+func (k keyless) Error() string {
+	return strings.ReplaceAll(k.err.Error(), k.topic+"/"+k.key, k.topic+"/(key hidden)")
+}
+
+func (k keyless) Unwrap() error { return k.err }
 
 // ---------------------------------------------------------------- dead tasks
 
