@@ -18,8 +18,9 @@ import (
 
 // RelayConfig configures a Relay. Every zero value means the default stated.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes. Default 1000: larger
-	// claims relayed faster than 500 (BENCHMARKS.md, Relay throughput).
+	// BatchSize is how many rows one claim takes. Default
+	// DefaultBatchSize: larger claims relayed faster than 500
+	// (BENCHMARKS.md, Relay throughput).
 	BatchSize int
 	// Workers is how many claim loops run at once. Their claims take
 	// turns, each past the last full batch while they drain a backlog,
@@ -83,7 +84,9 @@ type RelayConfig struct {
 	MaxBatchBytes int64
 	// Lease is how long a claim owns its rows before another claim may take
 	// them; it must outlast PublishTimeout, so only a relay that died
-	// mid-batch ever loses its rows to another. Default 30s.
+	// mid-batch ever loses its rows to another. Default DefaultLease, or
+	// PublishTimeout plus 10 s (the time its outcome may take to record)
+	// where that is longer.
 	Lease time.Duration
 	// Hooks are metric callbacks; any may be nil.
 	Hooks RelayHooks
@@ -110,7 +113,7 @@ type RelayHooks struct {
 
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 1000
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.IdleMin <= 0 {
 		c.IdleMin = 20 * time.Millisecond
@@ -153,6 +156,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 
 // Defaults for RelayConfig.
 const (
+	DefaultBatchSize      = 1000
 	DefaultPublishTimeout = 10 * time.Second
 	// DefaultWorkers is RelayConfig.Workers' default when the publisher
 	// gives no advice (RabbitMQ, the in-process broker).

@@ -153,7 +153,7 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
 	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
 	f.IntVar(&o.relayWkrs, "relay-workers", 0, relayWorkersHelp)
-	f.IntVar(&o.relayBatch, "relay-batch", 1000, "rows one relay claim takes")
+	f.IntVar(&o.relayBatch, "relay-batch", outbox.DefaultBatchSize, "rows one relay claim takes")
 	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
 	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")

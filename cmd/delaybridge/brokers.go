@@ -1,8 +1,6 @@
 package main
 
 import (
-	"time"
-
 	"context"
 
 	"github.com/spf13/pflag"
@@ -62,8 +60,6 @@ type clients struct {
 	// no-op where the adapter declares them itself.
 	ensure func(ctx context.Context, topics ...string) error
 }
-
-func parseLevels(s string) ([]time.Duration, error) { return delaybridge.ParseLevels(s) }
 
 // withLog returns the settings with a's logger.
 func (b *brokerFlags) withLog(a *app) delaybridge.Config {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -16,12 +17,12 @@ func FuzzParseLevels(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		levels, err := parseLevels(s)
+		levels, err := delaybridge.ParseLevels(s)
 		if err != nil {
 			return
 		}
 		if n := len(strings.Fields(strings.ReplaceAll(s, ",", " "))); n != len(levels) {
-			t.Fatalf("parseLevels(%q) = %d levels from %d fields", s, len(levels), n)
+			t.Fatalf("ParseLevels(%q) = %d levels from %d fields", s, len(levels), n)
 		}
 		if err := rocket.LevelLimits(levels, 0).Validate(); err == nil {
 			for i, d := range levels {

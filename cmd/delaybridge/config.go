@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"path/filepath"
 
@@ -17,9 +16,6 @@ const envPrefix = delaybridge.EnvPrefix
 
 // envName returns the environment variable that sets flag name.
 func envName(name string) string { return delaybridge.EnvName(name) }
-
-// parseConfigFile reads a config file (see delaybridge.ParseConfigFile).
-func parseConfigFile(r io.Reader) (map[string]string, error) { return delaybridge.ParseConfigFile(r) }
 
 // applyConfig fills every flag of cmd the command line did not set, first
 // from its DELAYBRIDGE_* environment variable, then from the config file

@@ -34,7 +34,8 @@ func newDemoCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the order-timeout story end to end and prove its invariants",
-		Long: `demo runs examples/ordertimeout against the real database and broker: it
+		Long: `demo runs the order service of examples/ordertimeout against the real
+database and broker: it
 creates --orders orders over --spread, each reserving stock and scheduling its
 own cancellation --timeout later in the same transaction; pays about
 --pay-ratio of them at a random moment between creation and a little after

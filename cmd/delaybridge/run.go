@@ -164,7 +164,7 @@ back (up to --drain) and exits 0.`,
 	bf.registerRelay(f)
 	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
-	f.IntVar(&batch, "batch", 1000, "rows one relay claim takes")
+	f.IntVar(&batch, "batch", outbox.DefaultBatchSize, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
 	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
