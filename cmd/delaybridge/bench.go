@@ -25,6 +25,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // defaultBenchTopic is the topic a bench run uses unless --topic names
@@ -524,7 +525,7 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := purgeTopicQueue(ctx, cfg, b.o.topic); err != nil {
+		if _, err := rabbit.PurgeTopic(ctx, cfg, b.o.topic); err != nil {
 			return fmt.Errorf("baseline: purge its messages: %w", err)
 		}
 	}

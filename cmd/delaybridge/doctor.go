@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
@@ -228,19 +227,23 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 		r.fail("rabbit: %v", err)
 		return
 	}
-	conn, err := amqp.DialConfig(bf.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Properties: amqp.Table{"connection_name": "delaybridge doctor"},
-		TLSClientConfig: cfg.TLS.Clone()})
+	// Settings the adapter refuses (a malformed URL) are not an unreachable
+	// broker: say so as run would.
+	if _, err := cfg.Limits(); err != nil {
+		r.fail("RabbitMQ settings: %v", scrub(err, bf.AMQPURL))
+		return
+	}
+	in, err := rabbit.Inspect(ctx, cfg)
 	if err != nil {
 		r.fail("RabbitMQ at %s unreachable: %v", rabbit.RedactURL(bf.AMQPURL), scrub(err, bf.AMQPURL))
 		return
 	}
-	defer conn.Close()
-	if st := conn.ConnectionState(); st.HandshakeComplete {
-		r.ok("RabbitMQ connection uses %s", tls.VersionName(st.Version))
+	if in.TLS != 0 {
+		r.ok("RabbitMQ connection uses %s", tls.VersionName(in.TLS))
 	} else if u, err := url.Parse(bf.AMQPURL); err == nil && !isLoopback(u.Hostname()) {
 		r.warn("RabbitMQ connection to %s is not encrypted: use an amqps:// URL (see SECURITY.md)", u.Host)
 	}
-	version, _ := conn.Properties["version"].(string)
+	version := in.Version
 	if major, minor := versionOf(version); major > 3 || (major == 3 && minor >= 10) {
 		r.ok("RabbitMQ %s (3.10+ has at-least-once dead-lettering)", version)
 	} else {
@@ -249,51 +252,24 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	if w := clusterDeadLetteringWarning(version, len(bf.AMQPNodes), bf.RabbitMode, cfg.DeadLettering); w != "" {
 		r.warn("%s", w)
 	}
-	probeQ := fmt.Sprintf("%s.doctor.%d", cfg.Prefix, time.Now().UnixNano())
-	if ch, err := conn.Channel(); err == nil {
-		_, err := ch.QueueDeclare(probeQ, true, false, false, false, amqp.Table{
-			"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
-			"x-dead-letter-exchange": "amq.direct", "x-message-ttl": int64(1000)})
-		if err != nil {
-			r.fail("cannot declare a quorum queue with at-least-once dead-lettering: %v (enable the quorum_queue feature flag)", err)
-		} else {
-			r.ok("quorum queues with at-least-once dead-lettering work")
-			_, _ = ch.QueueDelete(probeQ, false, false, false)
-		}
-		_ = ch.Close()
+	if err := in.QuorumDeadLettering; err != nil {
+		r.fail("cannot declare a quorum queue with at-least-once dead-lettering: %v (enable the quorum_queue feature flag)", err)
+	} else {
+		r.ok("quorum queues with at-least-once dead-lettering work")
 	}
 	checkRabbitPlugin(ctx, bf, cfg, r)
-	if bf.RabbitMode != "ladder" {
+	if cfg.Mode != rabbit.ModeLadder {
 		return
 	}
-	missing := 0
-	for k := 0; k < bf.RabbitDepth; k++ {
-		ch, err := conn.Channel()
-		if err != nil {
-			break
-		}
-		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, k), true, false, false, false, nil); err != nil {
-			missing++
-		} else {
-			_ = ch.Close()
-		}
-	}
-	extra := false
-	if ch, err := conn.Channel(); err == nil {
-		if _, err := ch.QueueDeclarePassive(fmt.Sprintf("%s.delay.%d", cfg.Prefix, bf.RabbitDepth), true, false, false, false, nil); err == nil {
-			extra = true
-			_ = ch.Close()
-		}
-	}
-	switch {
-	case missing == bf.RabbitDepth:
+	switch depth := in.Depth; {
+	case in.LevelsMissing == depth:
 		r.warn("no ladder under prefix %q yet: the first publisher declares it", cfg.Prefix)
-	case missing > 0:
-		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, missing, bf.RabbitDepth)
-	case extra:
-		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, bf.RabbitDepth)
+	case in.LevelsMissing > 0:
+		r.fail("ladder under prefix %q is incomplete: %d of %d level queues missing", cfg.Prefix, in.LevelsMissing, depth)
+	case in.ExtraLevel:
+		r.fail("ladder under prefix %q is deeper than --rabbit-depth %d: was it declared with other settings?", cfg.Prefix, depth)
 	default:
-		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, bf.RabbitDepth, rabbit.LadderMaxHop(bf.RabbitUnit, bf.RabbitDepth))
+		r.ok("ladder under prefix %q has its %d levels: one hop covers %v", cfg.Prefix, depth, rabbit.LadderMaxHop(bf.RabbitUnit, depth))
 	}
 	r.ok("clock skew with RabbitMQ: not measurable over AMQP (the ladder's TTLs use the broker's clock only for durations)")
 }

@@ -306,7 +306,7 @@ func TestSecrets_NoCommandPrintsAPasswordOrKey(t *testing.T) {
 		httpArgs := []string{"--mysql-dsn", s.dsn, "--http", "127.0.0.1:0"}
 		for _, bad := range []string{wrongURL + "\ttab", strings.Replace(wrongURL, s.wrong, s.wrong+`"`, 1), strings.Replace(wrongURL, s.wrong, s.wrong+`\`, 1) + "\x7f"} {
 			s.check(t, s.run(t, append(plain, "DELAYBRIDGE_AMQP_URL="+bad), append([]string{"run"}, httpArgs...)...), false, "not a valid AMQP URL")
-			s.check(t, s.run(t, append(plain, "DELAYBRIDGE_AMQP_URL="+bad), "doctor", "--mysql-dsn", s.dsn), false, "malformed URL")
+			s.check(t, s.run(t, append(plain, "DELAYBRIDGE_AMQP_URL="+bad), "doctor", "--mysql-dsn", s.dsn), false, "not a valid AMQP URL")
 		}
 		slash := strings.Replace(wrongURL, s.wrong, "12/"+s.wrong, 1)
 		s.check(t, s.run(t, plain, "doctor", "--mysql-dsn", s.dsn, "--amqp-url", slash), false, "unreachable")
