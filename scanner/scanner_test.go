@@ -269,8 +269,27 @@ func TestScanner_BusinessSourceRunsOnOneScannerAtATime(t *testing.T) {
 	done := make(chan int)
 	go func() { n, _ := s1.RunBusiness(b.ctx); done <- n }()
 	<-entered
-	if n, err := s2.RunBusiness(b.ctx); n != 0 || err != nil {
-		t.Fatalf("second scanner ran the source while the first held it: %d, %v", n, err)
+	// Were the source not held, the second scanner would block in Query
+	// until release: bound the wait, so a broken hold fails here.
+	second := make(chan error, 1)
+	go func() {
+		n, err := s2.RunBusiness(b.ctx)
+		if err == nil && n != 0 {
+			err = fmt.Errorf("handled %d keys", n)
+		}
+		second <- err
+	}()
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatalf("second scanner while the first held the source: %v", err)
+		}
+	case <-entered:
+		close(release)
+		t.Fatal("second scanner ran the source while the first held it")
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("second scanner neither returned nor ran the source in 10 s")
 	}
 	close(release)
 	if n := <-done; n != 2 {
@@ -328,6 +347,11 @@ func TestNew_RejectsBadConfig(t *testing.T) {
 	bad := &scanner.Business{Name: "bad name", Query: func(context.Context, *sql.DB, int) ([]string, error) { return nil, nil }, Handle: func(context.Context, string) error { return nil }}
 	if _, err := scanner.New(b.db, b.mem, scanner.Config{Business: bad}); err == nil {
 		t.Error("business source name with a space accepted")
+	}
+	// A lease that ends before the publish may: another scanner would take
+	// the rows while this one still publishes them.
+	if _, err := scanner.New(b.db, b.mem, scanner.Config{PublishTimeout: time.Minute, Lease: time.Minute}); err == nil || !strings.Contains(err.Error(), "Lease") {
+		t.Errorf("Lease equal to PublishTimeout: %v, want an error naming Lease", err)
 	}
 }
 
