@@ -223,9 +223,9 @@ func FirstQuery(spec ClaimSpec) (string, error) {
 // generation it published, and is in the state it was claimed in. The
 // owner and the state are what the API can reach: Reschedule and Replay
 // clear the lease along with the generation they bump, Cancel changes the
-// state. The generation is kept as a second
-// guard for a row changed by other means (a hand-written UPDATE, an older
-// binary) that moved it on without clearing the lease.
+// state. The generation is a second guard, for a row changed by other
+// means (a hand-written UPDATE, an older binary) without clearing the
+// lease.
 
 // MarkPublished records that the broker confirmed the messages of claimed
 // rows (those in c): state published, published_ms = at, the lease gone.
