@@ -60,25 +60,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func (bd *bundle) start(t *testing.T, h broker.Handler, cfg broker.ConsumerConfig) *broker.Consumer {
 	t.Helper()
-	if cfg.DeadLetter == nil {
-		cfg.DeadLetter = bd.dead
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = quiet()
-	}
-	c, err := broker.NewConsumer(bd.b, bd.b, h, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background(), bd.topic); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
-	return c
+	return bd.startOn(t, bd.b, h, cfg)
 }
 
 func (bd *bundle) publish(t *testing.T, key string, due time.Time) {
@@ -401,12 +383,23 @@ func TestConsumer_StuckHandlerIsAbandonedRetriedThenDeadAndTheWorkerFreed(t *tes
 func TestConsumer_CloseReportsAStuckHandlerStillRunning(t *testing.T) {
 	t.Parallel()
 	bd := setup(t, memory.Config{})
+	// The memory broker refuses a settle once Close ended the subscription;
+	// counting the runtime's calls shows what it tried.
+	sub := &countingSub{Subscriber: bd.b}
 	release, started := make(chan struct{}), make(chan struct{})
-	c := bd.start(t, func(ctx context.Context, m *broker.Message) error {
+	c := bd.startOn(t, sub, func(ctx context.Context, m *broker.Message) error {
 		close(started)
 		<-release
 		return nil
-	}, broker.ConsumerConfig{HandlerTimeout: time.Hour})
+	}, broker.ConsumerConfig{
+		HandlerTimeout: time.Hour,
+		// The runtime abandons the handler, and settles its delivery,
+		// HandlerGrace after Close gave up: keep that short to see it.
+		HandlerGrace: 50 * time.Millisecond,
+		// On its last attempt, so counting it as a failure would dead-letter
+		// and ack it.
+		MaxAttempts: 1,
+	})
 	t.Cleanup(func() { close(release) })
 	bd.publish(t, "k", time.Now())
 	<-started
@@ -415,8 +408,15 @@ func TestConsumer_CloseReportsAStuckHandlerStillRunning(t *testing.T) {
 	if err := c.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close with a handler ignoring its context = %v, want the deadline", err)
 	}
+	eventually(t, "the abandoned handler's delivery settled", func() bool { return sub.acks.Load()+sub.nacks.Load() > 0 })
+	if acks, nacks := sub.acks.Load(), sub.nacks.Load(); acks != 0 || nacks != 1 || bd.dead.get("k") != nil {
+		t.Fatalf("Ack called %d times, Nack %d, dead %v for a message whose handler never returned; want it given back once", acks, nacks, bd.dead.get("k"))
+	}
 	if s := bd.b.Stats(); s.Acked != 0 {
 		t.Fatalf("acked %d messages whose handler never returned", s.Acked)
+	}
+	if got := c.Stuck(); got != 1 {
+		t.Fatalf("Stuck() = %d, want the abandoned handler counted", got)
 	}
 }
 
