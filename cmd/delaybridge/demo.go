@@ -138,20 +138,13 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				}
 			}
 			pays.Wait()
-			deadline := time.Now().Add(timeout + wait)
-			var r *ordertimeout.Report
-			for {
-				if r, err = svc.Check(ctx, 0); err != nil {
-					return err
-				}
-				if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
+			if _, err := svc.WaitSettled(ctx, time.Now().Add(timeout+wait), 200*time.Millisecond); err != nil {
+				return err
 			}
 			// Judge "left unpaid past due" with a little slack for the last
 			// cancellations in flight.
-			if r, err = svc.Check(ctx, 2*time.Second); err != nil {
+			r, err := svc.Check(ctx, 2*time.Second)
+			if err != nil {
 				return err
 			}
 			// The handler cancels only unpaid orders, so a paid order is never

@@ -214,17 +214,8 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 		}
 	}()
 	wg.Wait()
-	deadline := cancelTime.Add(o.wait)
-	var r *orders.Report
-	for {
-		var err error
-		if r, err = svc.Check(ctx, 0); err != nil {
-			return err
-		}
-		if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	if _, err := svc.WaitSettled(ctx, cancelTime.Add(o.wait), 100*time.Millisecond); err != nil {
+		return err
 	}
 	stopReading()
 	rg.Wait()

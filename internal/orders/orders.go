@@ -257,6 +257,21 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 	return r, rows.Err()
 }
 
+// WaitSettled polls Check every poll until every order is paid or
+// cancelled, deadline passes or ctx ends, and returns the last report.
+func (s *Service) WaitSettled(ctx context.Context, deadline time.Time, poll time.Duration) (*Report, error) {
+	for {
+		r, err := s.Check(ctx, 0)
+		if err != nil {
+			return nil, err
+		}
+		if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
+			return r, nil
+		}
+		time.Sleep(poll)
+	}
+}
+
 // Show is the read path, GET /orders/{id}: the order's status, except that
 // an UNPAID order whose cancel time has passed shows as EXPIRED while its
 // handler has not run yet (outbox.Overdue), so no reader ever sees a stale
