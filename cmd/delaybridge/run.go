@@ -49,8 +49,11 @@ again what a broker lost (scanner), deletes finished tasks past their retention
 --stats-interval, one daemon at a time), and serves HTTP on --http:
 
   /metrics  Prometheus metrics: outbox backlog by state and topic, relay publish
-            rate and latency, rescues, dead tasks. Labels hold topics and states
-            only, never keys, payloads or connection settings.
+            rate and latency, rescues, dead tasks (the consumers' lateness and
+            outcomes come from the services that run the handlers:
+            delaybridge.Config.Metrics). Labels hold topics and states (and
+            shard with --shard-name), never keys, payloads or connection
+            settings.
   /healthz  200 while the process runs.
   /readyz   200 when the database answers a ping and the broker accepts a TCP
             connection, 503 otherwise.
