@@ -122,7 +122,7 @@ func (c *Cleaner) batch(ctx context.Context, cutoff int64) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	res, err := tx.ExecContext(ctx, `DELETE FROM delay_task WHERE state IN ('done', 'cancelled', 'dead') AND due_ms < ?
+	res, err := tx.ExecContext(ctx, `DELETE FROM delay_task WHERE state IN ('done', 'cancelled') AND due_ms < ?
 ORDER BY state, due_ms LIMIT ?`, cutoff, c.cfg.BatchSize)
 	if err != nil {
 		return 0, err
