@@ -1,0 +1,287 @@
+package rocket
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Tests for the guards that keep the adapter's promises: Publish returns
+// nil only for what the broker stored and answered SEND_OK for, a
+// delivery is consumed only when the runtime acked it, and no timer hop
+// asks the broker for less than its delay. Each was written for a guard
+// whose removal no other test noticed. They run on a fake producer or
+// without the client, so each answer is the one the test chooses.
+
+// fakeProducer answers every send with what answer returns and records
+// the messages.
+type fakeProducer struct {
+	answer func(ctx context.Context, m *primitive.Message) (*primitive.SendResult, error)
+
+	mu   sync.Mutex
+	sent []*primitive.Message
+}
+
+func (f *fakeProducer) SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error) {
+	f.mu.Lock()
+	f.sent = append(f.sent, msgs...)
+	f.mu.Unlock()
+	return f.answer(ctx, msgs[0])
+}
+
+func (f *fakeProducer) Shutdown() error { return nil }
+
+func (f *fakeProducer) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sent)
+}
+
+func sendOK(context.Context, *primitive.Message) (*primitive.SendResult, error) {
+	return &primitive.SendResult{Status: primitive.SendOK}, nil
+}
+
+// fakePublisher is a Publisher whose sends go to f.
+func fakePublisher(t *testing.T, limits broker.Limits, workers int, f *fakeProducer) *Publisher {
+	t.Helper()
+	cfg, err := Config{NameServers: []string{"127.0.0.1:1"}, Limits: limits, TrustLimits: true, SendWorkers: workers}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Publisher{cfg: cfg, prod: f, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}
+}
+
+func guardMessage(key string, due time.Time) *broker.Message {
+	return &broker.Message{Topic: "t", Key: key, DeliverAt: broker.MillisUTC(due), Payload: []byte("p")}
+}
+
+// A send the broker answered with another status than SEND_OK (stored on
+// the master, not flushed or not replicated in time) is not confirmed.
+func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
+	for _, status := range []primitive.SendStatus{primitive.SendFlushDiskTimeout, primitive.SendFlushSlaveTimeout, primitive.SendSlaveNotAvailable, primitive.SendUnknownError} {
+		f := &fakeProducer{answer: func(_ context.Context, m *primitive.Message) (*primitive.SendResult, error) {
+			if m.GetProperty(propKeys) == "bad" {
+				return &primitive.SendResult{Status: status}, nil
+			}
+			return &primitive.SendResult{Status: primitive.SendOK}, nil
+		}}
+		p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
+		msgs := []*broker.Message{guardMessage("good", time.Now()), guardMessage("bad", time.Now()), guardMessage("good-2", time.Now())}
+		errs := broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs))
+		if errs[0] != nil || errs[2] != nil {
+			t.Errorf("status %d: the SEND_OK messages failed: %v, %v", status, errs[0], errs[2])
+		}
+		if errs[1] == nil {
+			t.Errorf("status %d: reported confirmed", status)
+		}
+	}
+}
+
+// A message still waiting for a send worker when the context ends was
+// never sent: it fails, it is not left out of the result.
+func TestPublisher_MessageNotSentBeforeTheContextEndedFails(t *testing.T) {
+	f := &fakeProducer{answer: func(ctx context.Context, _ *primitive.Message) (*primitive.SendResult, error) {
+		<-ctx.Done() // a broker that never answers
+		// Hold the only worker a while longer, so the messages behind it
+		// see nothing but the context's end.
+		time.Sleep(100 * time.Millisecond)
+		return nil, ctx.Err()
+	}}
+	p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 1, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	msgs := []*broker.Message{guardMessage("a", time.Now()), guardMessage("b", time.Now()), guardMessage("c", time.Now())}
+	for i, err := range broker.PublishResults(p.Publish(ctx, msgs...), len(msgs)) {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("#%d: err = %v, want context.DeadlineExceeded", i, err)
+		}
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d sends with one worker, want 1", n)
+	}
+}
+
+// A message Validate refuses fails with ErrRejected and is not sent; the
+// others are.
+func TestPublisher_InvalidMessageFailsWithoutBeingSent(t *testing.T) {
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
+	msgs := []*broker.Message{guardMessage("ok", time.Now()), guardMessage("", time.Now()), guardMessage("ok-2", time.Now())}
+	errs := broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs))
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], broker.ErrRejected) {
+		t.Errorf("results %v, want nil, ErrRejected, nil", errs)
+	}
+	if n := f.count(); n != 2 {
+		t.Errorf("%d sends, want the 2 valid messages", n)
+	}
+}
+
+// What goes on the wire: a timer hop's relative delay, at most MaxHop and
+// never more than what is left until the due time, and no absolute time;
+// in level mode a level whose delay does not pass the due time.
+func TestPublisher_SentHopWaitsNoLongerThanDueAndNoLessThanPlanned(t *testing.T) {
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisher(t, TimerLimits(time.Hour, 100*time.Millisecond), 4, f)
+	now := time.Now()
+	msgs := []*broker.Message{guardMessage("soon", now.Add(1500*time.Millisecond)), guardMessage("far", now.Add(3*time.Hour)), guardMessage("due", now.Add(-time.Second))}
+	if err := p.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string]map[string]string{}
+	for _, m := range f.sent {
+		sent[m.GetProperty(propKeys)] = m.GetProperties()
+	}
+	delay := func(key string) int64 {
+		ms, err := strconv.ParseInt(sent[key][propTimerDelayMS], 10, 64)
+		if err != nil {
+			t.Errorf("%s: %s = %q", key, propTimerDelayMS, sent[key][propTimerDelayMS])
+		}
+		return ms
+	}
+	if ms := delay("soon"); ms < 1000 || ms > 1500 {
+		t.Errorf("a message due in 1.5s waits %d ms", ms)
+	}
+	if ms := delay("far"); ms != time.Hour.Milliseconds() {
+		t.Errorf("a message due in 3h waits %d ms, want MaxHop", ms)
+	}
+	if v, ok := sent["due"][propTimerDelayMS]; ok {
+		t.Errorf("a message already due waits %s ms", v)
+	}
+	for key, props := range sent {
+		for _, k := range []string{"TIMER_DELIVER_MS", "TIMER_DELAY_SEC", propDelayLevel} {
+			if v, ok := props[k]; ok {
+				t.Errorf("%s: timer mode sent %s=%s", key, k, v)
+			}
+		}
+	}
+
+	f = &fakeProducer{answer: sendOK}
+	levels := LevelLimits(DefaultLevels(), 0)
+	p = fakePublisher(t, levels, 4, f)
+	if err := p.Publish(context.Background(), guardMessage("lvl", time.Now().Add(7*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	lv, err := strconv.Atoi(f.sent[0].GetProperty(propDelayLevel))
+	if err != nil || lv < 1 || levels.Levels[lv-1] > 7*time.Second {
+		t.Errorf("a message due in 7s sent with %s=%q", propDelayLevel, f.sent[0].GetProperty(propDelayLevel))
+	}
+	if v := f.sent[0].GetProperty(propTimerDelayMS); v != "" {
+		t.Errorf("level mode sent %s=%s", propTimerDelayMS, v)
+	}
+}
+
+// A broker without the timer wheel delivers a timer message at once: timer
+// mode is refused there whichever timer field the limits set.
+func TestResolve_RefusesTimerModeWithoutTheTimerWheel(t *testing.T) {
+	b := BrokerLimits{Levels: DefaultLevels()}
+	for name, l := range map[string]broker.Limits{
+		"max hop":   {MaxHop: time.Hour},
+		"precision": {Precision: time.Second},
+		"both":      TimerLimits(time.Hour, time.Second),
+	} {
+		if got, err := b.Resolve(l); !errors.Is(err, ErrLimitsExceedBroker) {
+			t.Errorf("%s: Resolve = %+v, %v; want ErrLimitsExceedBroker", name, got, err)
+		}
+	}
+}
+
+// fakeConsumer stands in for the push consumer a subscription shuts down.
+type fakeConsumer struct{}
+
+func (fakeConsumer) Suspend()        {}
+func (fakeConsumer) Shutdown() error { return nil }
+
+func newGuardSubscription() *subscription {
+	return &subscription{topic: "t", pc: fakeConsumer{}, log: slog.Default(), out: make(chan *broker.Delivery), stop: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+func guardExt(t *testing.T) *primitive.MessageExt {
+	t.Helper()
+	ext := &primitive.MessageExt{}
+	ext.Topic = "t"
+	ext.Body = []byte("p")
+	ext.WithProperties(broker.Encode(guardMessage("k", time.Now())))
+	return ext
+}
+
+// consumeAsync runs the client's callback for one message as the client
+// would, in its own goroutine.
+func consumeAsync(s *subscription, m *primitive.MessageExt) <-chan consumer.ConsumeResult {
+	res := make(chan consumer.ConsumeResult, 1)
+	go func() {
+		r, _ := s.consume(context.Background(), m)
+		res <- r
+	}()
+	return res
+}
+
+func wantResult(t *testing.T, what string, res <-chan consumer.ConsumeResult, want consumer.ConsumeResult) {
+	t.Helper()
+	select {
+	case got := <-res:
+		if got != want {
+			t.Errorf("%s: the callback returned %v, want %v", what, got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the callback did not return", what)
+	}
+}
+
+// The client's callback consumes the message (ConsumeSuccess) only when
+// the runtime acked its delivery; a Nack, a delivery unsettled when the
+// subscription stops, one that could not be handed out before it stopped
+// and one arriving while it stops all go back to the broker.
+func TestSubscriber_CallbackConsumesOnlyWhatTheRuntimeAcked(t *testing.T) {
+	settled := func(name string, settle func(d *broker.Delivery), want consumer.ConsumeResult) {
+		s := newGuardSubscription()
+		res := consumeAsync(s, guardExt(t))
+		d := <-s.out
+		if d.Message == nil || d.Message.Key != "k" {
+			t.Fatalf("%s: delivery %+v (%v)", name, d.Message, d.Err)
+		}
+		settle(d)
+		wantResult(t, name, res, want)
+	}
+	settled("acked", func(d *broker.Delivery) { _ = d.Acker.Ack() }, consumer.ConsumeSuccess)
+	settled("nacked", func(d *broker.Delivery) { _ = d.Acker.Nack() }, consumer.ConsumeRetryLater)
+
+	s := newGuardSubscription()
+	res := consumeAsync(s, guardExt(t))
+	d := <-s.out
+	close(s.stop)
+	wantResult(t, "unsettled at stop", res, consumer.ConsumeRetryLater)
+	if err := d.Acker.Ack(); !errors.Is(err, broker.ErrClosed) {
+		t.Errorf("Ack after the delivery was given back = %v, want ErrClosed", err)
+	}
+
+	s = newGuardSubscription()
+	res = consumeAsync(s, guardExt(t))
+	time.Sleep(50 * time.Millisecond) // nobody reads s.out
+	close(s.stop)
+	wantResult(t, "never handed out", res, consumer.ConsumeRetryLater)
+
+	s = newGuardSubscription()
+	s.stopping = true
+	wantResult(t, "arriving while stopping", consumeAsync(s, guardExt(t)), consumer.ConsumeRetryLater)
+
+	// Acked, then the subscription stops before the callback saw the ack.
+	a := &acker{result: make(chan bool, 1)}
+	if err := a.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if !a.abandon() {
+		t.Error("a delivery acked before the stop was given back")
+	}
+	if err := a.Nack(); !errors.Is(err, errSettled) {
+		t.Errorf("Nack after Ack = %v, want errSettled", err)
+	}
+}
