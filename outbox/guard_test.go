@@ -210,31 +210,7 @@ func TestHandle_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
 	b := setup(t)
 	msg := b.order(t, "by-key", time.Now())
 	msg.TaskID = 0
-	var wg sync.WaitGroup
-	outcomes := make([]outbox.Outcome, 8)
-	for i := range outcomes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error { return slowIncrement(ctx, tx, "by-key") })
-			if err != nil {
-				t.Error(err)
-			}
-			outcomes[i] = o
-		}()
-	}
-	wg.Wait()
-	handled := 0
-	for _, o := range outcomes {
-		if o == outbox.Handled {
-			handled++
-		} else if o != outbox.SkippedDone {
-			t.Errorf("outcome %v, want handled or skipped: done", o)
-		}
-	}
-	if _, cancels := b.orderRow(t, "by-key"); handled != 1 || cancels != 1 {
-		t.Fatalf("%d handled, effect applied %d times; want 1 and 1", handled, cancels)
-	}
+	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error { return slowIncrement(ctx, tx, "by-key") })
 }
 
 // The same for groups: concurrent groups that each carry the by-key

@@ -50,26 +50,21 @@ func (b *bundle) orderRow(t *testing.T, id string) (status string, cancels int) 
 	return status, cancels
 }
 
-func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	msg := b.order(t, "o1", time.Now())
+// handleConcurrently delivers msg n times at once through Handle, fn
+// counting an order's cancels, and fails unless exactly one delivery ran
+// fn and every other found the task done, and the effect was applied once.
+func (b *bundle) handleConcurrently(t *testing.T, msg *broker.Message, n int, fn func(context.Context, *sql.Tx) error) {
+	t.Helper()
 	var wg sync.WaitGroup
-	outcomes := make([]outbox.Outcome, 8)
+	outcomes := make([]outbox.Outcome, n)
 	for i := range outcomes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error {
-				// Increment unconditionally: only the ledger keeps this to one.
-				_, err := tx.ExecContext(ctx, "UPDATE orders SET cancels = cancels + 1 WHERE id = 'o1'")
-				return err
-			})
+		wg.Go(func() {
+			o, err := outbox.Handle(b.ctx, b.db, msg, fn)
 			if err != nil {
 				t.Error(err)
 			}
 			outcomes[i] = o
-		}()
+		})
 	}
 	wg.Wait()
 	handled := 0
@@ -80,9 +75,20 @@ func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
 			t.Errorf("outcome %v, want handled or skipped: done", o)
 		}
 	}
-	if _, cancels := b.orderRow(t, "o1"); handled != 1 || cancels != 1 {
+	if _, cancels := b.orderRow(t, msg.Key); handled != 1 || cancels != 1 {
 		t.Fatalf("%d handled, effect applied %d times; want 1 and 1", handled, cancels)
 	}
+}
+
+func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now())
+	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error {
+		// Increment unconditionally: only the ledger keeps this to one.
+		_, err := tx.ExecContext(ctx, "UPDATE orders SET cancels = cancels + 1 WHERE id = 'o1'")
+		return err
+	})
 	info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "o1")
 	if info.State != outbox.StateDone || info.DoneAt.IsZero() {
 		t.Fatalf("task %+v, want done", info)
