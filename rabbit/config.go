@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/redacturl"
 )
 
 // Mode chooses how the adapter delays messages.
@@ -385,28 +386,9 @@ func validName(s string) error {
 }
 
 // RedactURL returns raw with the password in its user information replaced
-// by "xxxxx", for logs and errors. It works on the text's structure, not on
-// a successful parse, so a URL that does not parse (a stray tab, a reserved
-// character left unencoded in the password) is redacted too: everything
-// between "://" and the last '@' counts as user information, and only the
-// part before its first ':' is kept. A '@' in the path makes it hide more
-// than the user information, never less. Text without "://" but with a '@'
-// has no structure to trust and is hidden entirely.
-func RedactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	at := strings.LastIndex(rest, "@")
-	switch {
-	case !ok && strings.Contains(raw, "@"):
-		return "(unparseable URL)"
-	case !ok || at < 0:
-		return raw
-	}
-	user, _, hasPassword := strings.Cut(rest[:at], ":")
-	if !hasPassword {
-		return raw
-	}
-	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
-}
+// by "xxxxx", for logs and errors, even when raw does not parse: everything
+// between "://" and the last '@' counts as user information.
+func RedactURL(raw string) string { return redacturl.Hide(raw) }
 
 // checkURL reports why raw is not an AMQP URL amqp091-go can dial. Its
 // error shows the URL only as RedactURL does: the errors of net/url quote

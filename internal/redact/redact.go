@@ -12,7 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/internal/redacturl"
 )
 
 // DSN hides the password of a MySQL DSN for logs and errors.
@@ -38,7 +38,7 @@ func Scrub(err error, secrets ...string) error {
 	}
 	msg := err.Error()
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		msg = strings.ReplaceAll(msg, ue.Error(), fmt.Sprintf("%s %q: malformed URL", ue.Op, rabbit.RedactURL(ue.URL)))
+		msg = strings.ReplaceAll(msg, ue.Error(), fmt.Sprintf("%s %q: malformed URL", ue.Op, redacturl.Hide(ue.URL)))
 	}
 	for _, s := range secretParts(secrets) {
 		msg = strings.ReplaceAll(msg, s, "(redacted)")

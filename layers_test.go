@@ -1,0 +1,99 @@
+package delaybridge_test
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// layers is the package table of docs/design.md: each package of the
+// module and the packages of the module it may import. Imports point down
+// the table, so a newcomer finds each piece where the table says and no
+// cycle can start; a package missing here fails the test until it has its
+// place in the table.
+var layers = map[string][]string{
+	".":                     {"broker", "internal/redact", "outbox", "rabbit", "rocket", "scanner"},
+	"broker":                {"internal/wire"},
+	"broker/brokertest":     {"broker", "internal/wire"},
+	"broker/memory":         {"broker"},
+	"rabbit":                {"broker", "internal/wire", "internal/redacturl"},
+	"rocket":                {"broker", "internal/wire"},
+	"outbox":                {"broker", "internal/store", "internal/percentile"},
+	"scanner":               {"outbox", "broker", "internal/store"},
+	"cmd/delaybridge":       {".", "broker", "broker/memory", "internal/orders", "internal/percentile", "internal/redact", "outbox", "rabbit", "rocket", "scanner"},
+	"examples":              {},
+	"examples/ordertimeout": {".", "internal/orders", "outbox", "scanner"},
+	"integration":           {}, // its tests import everything
+	"internal/orders":       {"broker", "internal/percentile", "outbox"},
+	"internal/store":        {"broker"},
+	"internal/wire":         {},
+	"internal/percentile":   {"broker"},
+	"internal/redacturl":    {},
+	"internal/redact":       {"internal/redacturl"},
+	"internal/testenv":      {},
+	"internal/testutil":     {},
+}
+
+func TestPackages_ImportOnlyDownTheDesignTable(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/delaybridge/delaybridge"
+	found := map[string]bool{}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules" || name == "bin") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		pkg := filepath.ToSlash(filepath.Dir(path))
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		allowed, known := layers[pkg]
+		if !known {
+			t.Errorf("%s: package %s has no row in the package table (docs/design.md, layers in this test)", path, pkg)
+			return nil
+		}
+		found[pkg] = true
+		for _, imp := range f.Imports {
+			p, err := strconv.Unquote(imp.Path.Value)
+			if err != nil {
+				return err
+			}
+			var dep string
+			switch {
+			case p == module:
+				dep = "."
+			case strings.HasPrefix(p, module+"/"):
+				dep = strings.TrimPrefix(p, module+"/")
+			default:
+				continue
+			}
+			if !slices.Contains(allowed, dep) {
+				t.Errorf("%s imports %s; the package table lets %s import only %v", path, dep, pkg, allowed)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range slices.Sorted(maps.Keys(layers)) {
+		if !found[pkg] {
+			t.Errorf("the table names %s, but no Go file of it was found: the walk proves nothing, or the row is stale", pkg)
+		}
+	}
+}
