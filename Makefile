@@ -40,7 +40,7 @@ test: lint services tools
 FUZZTIME ?= 2000000x
 fuzz:
 	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/
-	go test -run '^$$' -fuzz '^FuzzConsumerHopsMakeProgress$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzPlanChainMakesProgress$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./internal/store/

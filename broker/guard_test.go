@@ -42,10 +42,12 @@ func TestConsumer_RemainderBelowSmallestLevelIsHeldNotHopped(t *testing.T) {
 	}
 }
 
-// Every hop the consumer makes must carry the message closer to due: a
-// chain of consumer decisions on any limits ends in at most MaxHops
-// publishes, then a wait in memory.
-func FuzzConsumerHopsMakeProgress(f *testing.F) {
+// Every hop must carry the message closer to due. The consumer asks
+// Limits.Plan once a hop; this replays that chain of plans on a simulated
+// clock (the consumer itself is not run: a chain of hours of hops would
+// take hours), so on any limits it ends in at most MaxHops publishes, then
+// a wait in memory.
+func FuzzPlanChainMakesProgress(f *testing.F) {
 	f.Add(int64(10*time.Second), int64(30*time.Second), int64(0), int64(7*time.Second), int64(5*time.Second))
 	f.Add(int64(time.Second), int64(5*time.Second), int64(0), int64(4500*time.Millisecond), int64(500*time.Millisecond))
 	f.Add(int64(0), int64(0), int64(time.Hour), int64(50*time.Hour), int64(5*time.Second))
