@@ -72,7 +72,7 @@ const (
 	// outbox when counting is quick.
 	DefaultStatsInterval = 30 * time.Second
 	// DefaultStatsGrace is the grace a StatsRefresher counts overdue tasks
-	// with: the scanner's default.
+	// with when none is given (delaybridge run passes its scanner's).
 	DefaultStatsGrace = 30 * time.Second
 	// statsIdleFactor spaces refreshes by this many times the last count's
 	// duration, so on a table large enough that counting takes seconds the
