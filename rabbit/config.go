@@ -282,10 +282,22 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Depth == 0 {
 		c.Depth = DefaultDepth
 	}
+	if c.Mode == ModeLadder {
+		// Before the lead's default, which is worked out from them.
+		if c.Unit < time.Millisecond || c.Unit%time.Millisecond != 0 {
+			return c, fmt.Errorf("rabbit: Config.Unit %v must be a whole number of milliseconds", c.Unit)
+		}
+		if c.Depth < 1 || c.Depth > 62 {
+			return c, fmt.Errorf("rabbit: Config.Depth %d must be between 1 and 62", c.Depth)
+		}
+	}
 	if c.Lead == 0 {
 		// At most half of one hop, so a short ladder (a test's) still
 		// makes progress with the default.
-		c.Lead = min(DefaultLead, (LadderMaxHop(c.Unit, c.Depth) / 2).Truncate(time.Millisecond))
+		c.Lead = DefaultLead
+		if hop := LadderMaxHop(c.Unit, c.Depth); hop > 0 {
+			c.Lead = min(DefaultLead, (hop / 2).Truncate(time.Millisecond))
+		}
 	}
 	if c.Lead < 0 {
 		c.Lead = -1
@@ -319,12 +331,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch c.Mode {
 	case ModeLadder:
-		if c.Unit < time.Millisecond || c.Unit%time.Millisecond != 0 {
-			return c, fmt.Errorf("rabbit: Config.Unit %v must be a whole number of milliseconds", c.Unit)
-		}
-		if c.Depth < 1 || c.Depth > 62 {
-			return c, fmt.Errorf("rabbit: Config.Depth %d must be between 1 and 62", c.Depth)
-		}
 		if top := c.Unit << (c.Depth - 1); top > MaxLevelTTL || top>>(c.Depth-1) != c.Unit {
 			return c, fmt.Errorf("rabbit: Config.Unit %v with Depth %d makes the top level's TTL exceed %v; lower Depth", c.Unit, c.Depth, MaxLevelTTL)
 		}
@@ -365,8 +371,12 @@ func (c Config) limits() broker.Limits {
 }
 
 // LadderMaxHop returns the longest delay one hop of a ladder with this unit
-// and depth covers: unit × (2^depth − 1).
+// and depth covers: unit × (2^depth − 1); 0 for a depth no ladder may have
+// (outside 1 to 62).
 func LadderMaxHop(unit time.Duration, depth int) time.Duration {
+	if depth < 1 || depth > 62 {
+		return 0
+	}
 	return unit * time.Duration(uint64(1)<<depth-1)
 }
 

@@ -63,6 +63,36 @@ func TestConfig_RefusesALadderWhoseHopsCannotMakeProgress(t *testing.T) {
 	}
 }
 
+// A ladder depth or unit no ladder may have is an error naming it, from
+// every entry point that reads the config without connecting, never a
+// panic (a negative depth once reached a shift in the lead's default).
+func TestConfig_RefusesADepthOrUnitOutOfRange(t *testing.T) {
+	for _, c := range []struct {
+		unit  time.Duration
+		depth int
+		want  string
+	}{
+		{0, -1, "Config.Depth -1"},
+		{0, 63, "Config.Depth 63"},
+		{0, 100, "Config.Depth 100"},
+		{-time.Second, 0, "Config.Unit -1s"},
+		{1500 * time.Microsecond, 0, "Config.Unit 1.5ms"},
+	} {
+		cfg := Config{URL: "amqp://u:p@127.0.0.1:5672/", Unit: c.unit, Depth: c.depth}
+		if _, err := cfg.Limits(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("unit %v, depth %d: Limits err = %v, want one naming %q", c.unit, c.depth, err, c.want)
+		}
+		if _, err := cfg.Topology(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("unit %v, depth %d: Topology err = %v, want one naming %q", c.unit, c.depth, err, c.want)
+		}
+	}
+	for _, depth := range []int{-1, 0, 63, 64} {
+		if got := LadderMaxHop(time.Second, depth); got != 0 {
+			t.Errorf("LadderMaxHop(1s, %d) = %v, want 0", depth, got)
+		}
+	}
+}
+
 // AtMostOnce is the ladder's way around the stall of RabbitMQ before
 // 3.12.5 after a cluster node is lost (docs/deployment.md): every level
 // queue is declared with it, and the default stays at-least-once.
