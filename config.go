@@ -304,10 +304,21 @@ func (c Config) RabbitConfig() (rabbit.Config, error) {
 	switch c.RabbitMode {
 	case "ladder":
 		cfg.Mode = rabbit.ModeLadder
+		if c.RabbitDepth != 0 && (c.RabbitDepth < 1 || c.RabbitDepth > 62) {
+			return cfg, fmt.Errorf("--rabbit-depth %d: want 1 to 62 (0 for the default, %d)", c.RabbitDepth, rabbit.DefaultDepth)
+		}
+		if c.RabbitUnit < 0 || c.RabbitUnit%time.Millisecond != 0 {
+			return cfg, fmt.Errorf("--rabbit-unit %v: want a whole number of milliseconds (0 for the default, %v)", c.RabbitUnit, rabbit.DefaultUnit)
+		}
 	case "delayed-exchange":
 		cfg.Mode = rabbit.ModeDelayedExchange
 	default:
 		return cfg, fmt.Errorf("--rabbit-mode %q: want ladder or delayed-exchange", c.RabbitMode)
+	}
+	// The adapter's own rules (the URL, the prefix, a ladder whose hops
+	// make progress), without connecting.
+	if _, err := cfg.Topology(); err != nil {
+		return cfg, fmt.Errorf("RabbitMQ settings (--amqp-url, --amqp-nodes, --rabbit-*): %w", err)
 	}
 	return cfg, nil
 }
@@ -357,6 +368,15 @@ func (c Config) RocketConfig() (rocket.Config, error) {
 	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return cfg, err
+	}
+	if len(cfg.NameServers) == 0 {
+		return cfg, &NotConfiguredError{Setting: "rocketmq-namesrv", What: "no RocketMQ name server configured"}
+	}
+	if c.RocketQueues < 0 {
+		return cfg, fmt.Errorf("--rocketmq-queues %d: want 1 or more (0 for the default, 8)", c.RocketQueues)
+	}
+	if _, err := cfg.Topology(); err != nil {
+		return cfg, fmt.Errorf("RocketMQ settings (--rocketmq-*): %w", err)
 	}
 	return cfg, nil
 }

@@ -234,8 +234,27 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	if db == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a database and a publisher")
 	}
-	cfg = cfg.withDefaults()
-	limits := pub.Limits()
+	cfg, err := cfg.resolve(pub.Limits())
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}, nil
+}
+
+// Check reports what NewRelay would refuse in c on a publisher with these
+// limits, without a database or a broker: a daemon checks its settings
+// before it connects. Limits it does not know yet (a RocketMQ broker's,
+// read when the publisher connects) may be left zero; NewRelay checks
+// them again.
+func (c RelayConfig) Check(limits broker.Limits) error {
+	_, err := c.resolve(limits)
+	return err
+}
+
+// resolve applies the defaults, the publisher's advice among them, and
+// refuses settings the relay cannot keep.
+func (c RelayConfig) resolve(limits broker.Limits) (RelayConfig, error) {
+	cfg := c.withDefaults()
 	switch {
 	case cfg.Lookahead == 0:
 		// The advice, within one hop of a short test ladder.
@@ -253,10 +272,10 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 		}
 	}
 	if cfg.Probe > 0 && cfg.ProbeMax < cfg.Probe {
-		return nil, fmt.Errorf("outbox: NewRelay: ProbeMax %v is shorter than Probe %v; set it to at least Probe (equal keeps the probe at one rate)", cfg.ProbeMax, cfg.Probe)
+		return cfg, fmt.Errorf("outbox: NewRelay: ProbeMax %v is shorter than Probe %v; set it to at least Probe (equal keeps the probe at one rate)", cfg.ProbeMax, cfg.Probe)
 	}
 	if err := checkLookahead(cfg, limits); err != nil {
-		return nil, err
+		return cfg, err
 	}
 	switch {
 	case cfg.Lookahead <= 0 || cfg.Pace < 0:
@@ -265,9 +284,9 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 		cfg.Pace = max(min(cfg.Pace, cfg.Lookahead/5), cfg.IdleMin)
 	}
 	if cfg.Lease <= cfg.PublishTimeout {
-		return nil, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
+		return cfg, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
-	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}, nil
+	return cfg, nil
 }
 
 // checkLookahead refuses a lookahead the relay cannot keep: shorter than

@@ -646,3 +646,27 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 		})
 	}
 }
+
+// RelayConfig.Check refuses, without a database or a broker, what NewRelay
+// refuses, so a daemon can check its settings before it connects.
+func TestRelayConfigCheck_RefusesWhatNewRelayRefuses(t *testing.T) {
+	hop := broker.Limits{MaxHop: time.Minute, Lookahead: 10 * time.Second}
+	for _, c := range []struct {
+		cfg    outbox.RelayConfig
+		limits broker.Limits
+		want   string
+	}{
+		{outbox.RelayConfig{}, broker.Limits{}, ""},
+		{outbox.RelayConfig{}, hop, ""},
+		{outbox.RelayConfig{Lookahead: 10 * time.Millisecond}, broker.Limits{}, "shorter than the relay's ProbeMax"},
+		{outbox.RelayConfig{Lookahead: 2 * time.Minute}, hop, "longer than one broker hop"},
+		{outbox.RelayConfig{Lookahead: 2 * time.Minute}, broker.Limits{}, ""}, // the hop is not known yet
+		{outbox.RelayConfig{Lease: 5 * time.Second}, broker.Limits{}, "Lease 5s must be longer than PublishTimeout"},
+		{outbox.RelayConfig{Probe: time.Second, ProbeMax: 100 * time.Millisecond}, broker.Limits{}, "ProbeMax 100ms is shorter than Probe"},
+	} {
+		err := c.cfg.Check(c.limits)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%+v on %+v: Check = %v, want %q", c.cfg, c.limits, err, c.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -187,6 +188,14 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.GroupPrefix == "" {
 		c.GroupPrefix = DefaultGroupPrefix
+	}
+	// A consumer group is GroupPrefix-topic, and the broker takes group
+	// names of at most 255 of [%|A-Za-z0-9_-]: checked here, before a
+	// consumer subscribes and is refused topic by topic.
+	if n := 255 - 1 - broker.MaxTopicLen; len(c.GroupPrefix) > n || strings.IndexFunc(c.GroupPrefix, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+	}) >= 0 {
+		return c, fmt.Errorf("rocket: Config.GroupPrefix %q: want 1 to %d of [A-Za-z0-9_-], so every group GroupPrefix-topic is a name the broker takes", c.GroupPrefix, n)
 	}
 	if c.SendWorkers <= 0 {
 		c.SendWorkers = DefaultSendWorkers

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -74,28 +76,37 @@ back (up to --drain) and exits 0.`,
 			if workers < 0 {
 				return fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", workers)
 			}
+			// Every setting is checked before anything connects: bad input
+			// changes nothing, not even a queue declared on the broker.
+			if err := checkRunFlags(batch, cleanDuty, mTopics, retention, grace, drain, pubWait, statsEach, maxBytes); err != nil {
+				return err
+			}
+			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
+			if err != nil {
+				return err
+			}
+			relayCfg := outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Logger: a.log}
+			if err := relayCfg.Check(broker.Limits{}); err != nil {
+				return fmt.Errorf("relay settings (--lookahead, --relay-*, --publish-timeout): %w", err)
+			}
+			ln, err := a.listenHTTP(httpAddr)
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
 			ses, err := a.openSession(ctx, &bf, false, false)
 			if err != nil {
 				return err
 			}
 			defer ses.Close()
 			db, cl := ses.db, ses.cl
-			if cleanDuty <= 0 || cleanDuty > 1 {
-				return fmt.Errorf("--cleaner-duty must be in (0, 1], not %v", cleanDuty)
-			}
-			if mTopics < 1 {
-				return fmt.Errorf("--metrics-topics must be at least 1, not %d", mTopics)
-			}
 			grace = scanner.Grace(grace, cl.pub.Limits())
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
-			ahead, err := lookaheadSetting(cmd.Flags(), lookahead)
-			if err != nil {
-				return err
-			}
 			m.shard = shardName
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Hooks: outbox.LogProgress(m.RelayHooks(), a.log, 0), Logger: a.log})
+			relayCfg.Hooks = outbox.LogProgress(m.RelayHooks(), a.log, 0)
+			relay, err := outbox.NewRelay(db, cl.pub, relayCfg)
 			if err != nil {
 				return err
 			}
@@ -113,10 +124,6 @@ back (up to --drain) and exits 0.`,
 			}
 			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
 
-			ln, err := a.listenHTTP(httpAddr)
-			if err != nil {
-				return err
-			}
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
 				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
@@ -182,6 +189,43 @@ back (up to --drain) and exits 0.`,
 	f.StringVar(&shardName, "shard-name", "", "the outbox shard this daemon serves, for a sharded database (one daemon per shard, see docs/deployment.md): labels its logs and every metric shard=NAME")
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
 	return cmd
+}
+
+// checkRunFlags refuses run's numeric settings that mean nothing, rather
+// than let a default stand in for them unannounced.
+func checkRunFlags(batch int, cleanDuty float64, mTopics int, retention, grace, drain, pubWait, statsEach time.Duration, maxBytes int64) error {
+	var bad []string
+	if batch < 1 {
+		bad = append(bad, fmt.Sprintf("--batch %d: want 1 or more", batch))
+	}
+	if cleanDuty <= 0 || cleanDuty > 1 {
+		bad = append(bad, fmt.Sprintf("--cleaner-duty %v: want more than 0 and at most 1", cleanDuty))
+	}
+	if mTopics < 1 {
+		bad = append(bad, fmt.Sprintf("--metrics-topics %d: want 1 or more", mTopics))
+	}
+	if retention <= 0 {
+		bad = append(bad, fmt.Sprintf("--retention %v: want a positive duration (--no-cleaner keeps every task)", retention))
+	}
+	if grace < 0 {
+		bad = append(bad, fmt.Sprintf("--grace %v: want 0 (the default) or more", grace))
+	}
+	if drain < 0 {
+		bad = append(bad, fmt.Sprintf("--drain %v: want 0 (do not wait) or more", drain))
+	}
+	if pubWait <= 0 {
+		bad = append(bad, fmt.Sprintf("--publish-timeout %v: want a positive duration", pubWait))
+	}
+	if statsEach < 0 {
+		bad = append(bad, fmt.Sprintf("--stats-interval %v: want 0 (never in this process) or more", statsEach))
+	}
+	if maxBytes < 1 {
+		bad = append(bad, fmt.Sprintf("--relay-batch-bytes %d: want 1 or more", maxBytes))
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 // serveMetrics serves m on addr until the returned stop is called; an

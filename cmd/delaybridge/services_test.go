@@ -361,16 +361,44 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--relay-workers", "-2"}, "--relay-workers -2: need 0"},
 		{[]string{"--floor", "--database-only"}, "--floor compares a broker run with the database alone"},
 		{[]string{"--floor", "--relay-only"}, "--floor compares a broker run with the database alone"},
+		// The adapters' rules, checked before anything connects.
+		{[]string{"--rabbit-depth", "-1"}, "--rabbit-depth -1: want 1 to 62"},
+		{[]string{"--rabbit-depth", "63"}, "--rabbit-depth 63: want 1 to 62"},
+		{[]string{"--rabbit-unit", "1500us"}, "--rabbit-unit 1.5ms: want a whole number of milliseconds"},
+		{[]string{"--rabbit-prefix", "a b"}, "Config.Prefix"},
+		{[]string{"--amqp-url", "http://u:p@127.0.0.1:5672/"}, "not a valid AMQP URL"},
+		{[]string{"--broker", "rocket", "--rocketmq-group-prefix", "a b"}, "Config.GroupPrefix"},
+		{[]string{"--broker", "rocket", "--rocketmq-queues", "-4"}, "--rocketmq-queues -4"},
 	} {
 		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("bench %v: err = %v, want %q", c.args, err, c.want)
 		}
 	}
-	if _, _, err := run(t, "run", "--mysql-dsn", dsn, "--relay-workers", "-1", "--log-level", "error"); err == nil || !strings.Contains(err.Error(), "--relay-workers -1: need 0") {
-		t.Errorf("run --relay-workers -1: err = %v, want it refused", err)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--relay-workers", "-1"}, "--relay-workers -1: need 0"},
+		{[]string{"--cleaner-duty", "0"}, "--cleaner-duty 0"},
+		{[]string{"--metrics-topics", "0"}, "--metrics-topics 0"},
+		{[]string{"--lookahead", "-1s"}, "--lookahead must not be negative"},
+		{[]string{"--lookahead", "10ms"}, "Lookahead 10ms is shorter than the relay's ProbeMax"},
+		{[]string{"--batch", "0"}, "--batch 0"},
+		{[]string{"--retention", "0s"}, "--retention 0s"},
+		{[]string{"--grace", "-1s"}, "--grace -1s"},
+		{[]string{"--publish-timeout", "0s"}, "--publish-timeout 0s"},
+		{[]string{"--relay-batch-bytes", "0"}, "--relay-batch-bytes 0"},
+		{[]string{"--http", "127.0.0.1:notaport"}, "notaport"},
+		{[]string{"--rabbit-depth", "-1"}, "--rabbit-depth -1"},
+	} {
+		_, _, err := run(t, append([]string{"run", "--mysql-dsn", dsn, "--amqp-url", "amqp://delaybridge:delaybridge@127.0.0.1:5672/", "--log-level", "error"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run %v: err = %v, want %q", c.args, err, c.want)
+		}
 	}
-	// The scratch database was never migrated by bench: no table was made.
+	// The scratch database was never migrated by bench nor announced to by
+	// run: no table was made.
 	var n int
 	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE()").Scan(&n); err != nil {
 		t.Fatal(err)
