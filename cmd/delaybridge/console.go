@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"embed"
 	"errors"
 	"fmt"
@@ -77,6 +78,13 @@ See docs/console.md.`,
 			if (opts.tlsCert == "") != (opts.tlsKey == "") {
 				return errors.New("--tls-cert and --tls-key go together")
 			}
+			// The key pair is loaded before anything listens or says it
+			// serves: a file that cannot be read is an error here, naming
+			// the flags, not after "console on https://…".
+			tlsCfg, err := consoleTLS(opts)
+			if err != nil {
+				return err
+			}
 			// The broker settings feed the brokers page only: without them
 			// the console still serves the outbox, and that page says what
 			// is missing.
@@ -98,16 +106,18 @@ See docs/console.md.`,
 				return err
 			}
 			srv := newHTTPServer(c.Handler())
+			srv.TLSConfig = tlsCfg
 			scheme := "http"
-			if opts.tlsCert != "" {
+			if tlsCfg != nil {
 				scheme = "https"
 			}
 			a.log.Info("delaybridge console: started", "listen", ln.Addr().String(), "read_only", opts.readOnly, "user", cred.user)
 			fmt.Fprintf(a.stdout, "delaybridge console on %s://%s/\n", scheme, ln.Addr())
 			serveErr := make(chan error, 1)
 			go func() {
-				if opts.tlsCert != "" {
-					serveErr <- srv.ServeTLS(ln, opts.tlsCert, opts.tlsKey)
+				if tlsCfg != nil {
+					// The certificate is srv.TLSConfig's, loaded above.
+					serveErr <- srv.ServeTLS(ln, "", "")
 				} else {
 					serveErr <- srv.Serve(ln)
 				}
@@ -135,6 +145,19 @@ See docs/console.md.`,
 	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
 	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks")
 	return cmd
+}
+
+// consoleTLS loads --tls-cert and --tls-key into the console's server TLS
+// configuration, nil without them.
+func consoleTLS(opts consoleOptions) (*tls.Config, error) {
+	if opts.tlsCert == "" {
+		return nil, nil
+	}
+	pair, err := tls.LoadX509KeyPair(opts.tlsCert, opts.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert %s / --tls-key %s: %w", opts.tlsCert, opts.tlsKey, err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}, nil
 }
 
 // console is the operator's web console over one outbox database, or over

@@ -123,6 +123,12 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
 
+// fmtWhen writes t as parseWhen reads it back exactly: RFC 3339 in UTC to
+// the millisecond, the precision the outbox keeps (and fmtTime shows).
+func fmtWhen(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
 func fmtAgo(now, t time.Time) string {
 	if t.IsZero() {
 		return ""
@@ -635,12 +641,17 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.PostForm.Get("confirm") != "yes" {
 		target := fmt.Sprintf("task %d%s", id, inShard(sh))
+		fields := map[string][]string{}
 		if action == "reschedule" {
 			target += " to " + fmtTime(due)
+			// The confirmation carries the absolute time it shows, not
+			// what was typed: "+30m" parsed again on confirm would land
+			// as much later as the operator took to confirm.
+			fields["when"] = []string{fmtWhen(due)}
 		}
 		c.render(w, r, "confirm", http.StatusOK, view{Title: "Confirm", Nav: "tasks", Shard: sh.name, Data: confirmData{
 			Action: action, Target: target, Count: 1, Back: withShard(fmt.Sprintf("/tasks/%d", id), sh.name),
-			Fields: map[string][]string{"when": {r.PostForm.Get("when")}},
+			Fields: fields,
 		}})
 		return
 	}
