@@ -57,6 +57,18 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
+	// The relay's and the scanner's own rules, before Start opens anything
+	// (the broker's limits, read when it connects, are checked again then).
+	if cfg.Relay != nil {
+		if err := cfg.Relay.Check(broker.Limits{}); err != nil {
+			return nil, fmt.Errorf("delaybridge: Config.Relay: %w", err)
+		}
+	}
+	if cfg.Scanner != nil {
+		if err := cfg.Scanner.Check(broker.Limits{}); err != nil {
+			return nil, fmt.Errorf("delaybridge: Config.Scanner: %w", err)
+		}
+	}
 	return &Client{db: db, cfg: cfg, handlers: map[string]outbox.HandlerFunc{}}, nil
 }
 
@@ -140,61 +152,58 @@ func (c *Client) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// Every failure below returns through err: what was started is
+	// stopped again, the presence record withdrawn.
 	defer func() {
 		if err != nil {
+			if c.consumer != nil {
+				_ = c.consumer.Close(context.Background())
+				c.consumer = nil
+			}
+			if c.presence != nil {
+				_ = c.presence.Close(context.Background())
+				c.presence = nil
+			}
 			c.stopBackground()
 			conn.Close()
 		}
 	}()
 	if len(topics) > 0 {
 		if c.cfg.Broker == "rocket" && c.cfg.RocketCreateTopics {
-			if err := conn.CreateTopics(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
+			if err = conn.CreateTopics(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
 				return fmt.Errorf("delaybridge: create topics on %s: %w", c.cfg.RocketBrokerAddr, err)
 			}
 		}
 		// Record this consumer and its topology, and refuse to start when a
 		// live relay or consumer uses another prefix, group or ladder.
-		topo, err := c.cfg.Topology()
-		if err != nil {
+		var topo broker.Topology
+		if topo, err = c.cfg.Topology(); err != nil {
 			return err
 		}
-		presence, err := outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics},
-			outbox.PresenceConfig{Logger: c.cfg.Logger})
-		if err != nil {
+		if c.presence, err = outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics},
+			outbox.PresenceConfig{Logger: c.cfg.Logger}); err != nil {
 			return err
 		}
-		defer func() {
-			if err != nil {
-				_ = presence.Close(context.Background())
-			}
-		}()
 		handlers := c.handlers
 		cc := c.cfg.Consumer
 		cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
 		if m := c.cfg.Metrics; m != nil {
 			cc.Hooks = joinConsumerHooks(cc.Hooks, m.ConsumerHooks())
 		}
-		consumer, err := outbox.NewConsumer(c.db, conn.Subscriber, conn.Publisher, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		if c.consumer, err = outbox.NewConsumer(c.db, conn.Subscriber, conn.Publisher, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			fn, ok := handlers[m.Topic]
 			if !ok {
 				return fmt.Errorf("delaybridge: no handler for topic %s", m.Topic)
 			}
 			return fn(ctx, tx, m)
-		}, cc)
-		if err != nil {
+		}, cc); err != nil {
 			return err
 		}
-		if err := consumer.Start(ctx, topics...); err != nil {
-			_ = consumer.Close(context.Background())
+		if err = c.consumer.Start(ctx, topics...); err != nil {
 			return err
 		}
-		c.consumer, c.presence = consumer, presence
 	}
-	if err := c.startBackground(conn); err != nil {
-		if c.consumer != nil {
-			_ = c.consumer.Close(context.Background())
-			c.consumer = nil
-		}
+	if err = c.startBackground(conn); err != nil {
 		return err
 	}
 	c.conn, c.started = conn, true

@@ -172,3 +172,33 @@ func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
 		t.Errorf("error %q does not name both prefixes", err)
 	}
 }
+
+// A Start that fails after the consumer announced itself leaves nothing
+// behind: no live presence (status would show a consumer that is not
+// there) and no consumer. Here the relay's lookahead passes NewClient (the
+// broker's limits are not known yet) and is refused once the ladder's
+// longest hop is.
+func TestClient_AFailedStartWithdrawsItsPresence(t *testing.T) {
+	b := setup(t)
+	cfg := b.cfg
+	cfg.RabbitUnit, cfg.RabbitDepth = 100*time.Millisecond, 4 // one hop: 1.5 s
+	cfg.Relay = &outbox.RelayConfig{Lookahead: 10 * time.Second}
+	c, err := delaybridge.NewClient(b.db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle("withdrawn", func(context.Context, *sql.Tx, *broker.Message) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err == nil || !strings.Contains(err.Error(), "longer than one broker hop") {
+		_ = c.Stop(b.ctx)
+		t.Fatalf("Start = %v, want the relay's lookahead refused", err)
+	}
+	live, err := outbox.LivePresences(b.ctx, b.db, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 0 {
+		t.Fatalf("after a failed Start, %d live presence records: %+v", len(live), live)
+	}
+}

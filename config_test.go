@@ -14,7 +14,9 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // clearEnv unsets every DELAYBRIDGE_* variable for the test.
@@ -119,6 +121,12 @@ func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
 		{delaybridge.Config{AMQPURL: "amqp://x", RabbitMode: "plugin"}, `--rabbit-mode "plugin"`},
 		{delaybridge.Config{Broker: "rocket", RocketMode: "levels", RocketLevels: "1x"}, "--rocketmq-levels"},
 		{delaybridge.Config{Broker: "rocket", RocketAccessKey: "ak"}, "go together"},
+		{delaybridge.Config{AMQPURL: "amqp://x", RabbitDepth: -1}, "--rabbit-depth -1"},
+		{delaybridge.Config{AMQPURL: "http://x"}, "not a valid AMQP URL"},
+		{delaybridge.Config{Broker: "rocket", RocketGroupPrefix: "a b"}, "Config.GroupPrefix"},
+		{delaybridge.Config{AMQPURL: "amqp://x", Relay: &outbox.RelayConfig{Lookahead: time.Millisecond}}, "Config.Relay: outbox: NewRelay: Lookahead 1ms"},
+		{delaybridge.Config{AMQPURL: "amqp://x", Scanner: &scanner.Config{Lease: time.Second}}, "Config.Scanner: scanner: Lease 1s"},
+		{delaybridge.Config{AMQPURL: "amqp://x", Scanner: &scanner.Config{Business: &scanner.Business{Name: "b"}}}, "needs Query and Handle"},
 	} {
 		if _, err := delaybridge.NewClient(db, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewClient(%+v) = %v, want %q", tc.cfg, err, tc.want)

@@ -151,7 +151,26 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	if db == nil || pub == nil {
 		return nil, errors.New("scanner: New needs a database and a publisher")
 	}
-	cfg.Grace = Grace(cfg.Grace, pub.Limits())
+	cfg, err := cfg.resolve(pub.Limits())
+	if err != nil {
+		return nil, err
+	}
+	return &Scanner{db: db, pub: pub, cfg: cfg}, nil
+}
+
+// Check reports what New would refuse in c, without a database or a
+// broker: a process checks its settings before it connects. limits may be
+// left zero when the publisher's are not known yet.
+func (c Config) Check(limits broker.Limits) error {
+	_, err := c.resolve(limits)
+	return err
+}
+
+// resolve applies the defaults and refuses settings the scanner cannot
+// keep. The business source is copied, so the caller's is left as it was.
+func (c Config) resolve(limits broker.Limits) (Config, error) {
+	cfg := c
+	cfg.Grace = Grace(cfg.Grace, limits)
 
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -175,7 +194,7 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 		cfg.Lease = max(outbox.DefaultLease, cfg.PublishTimeout+store.RecordTimeout)
 	}
 	if cfg.Lease <= cfg.PublishTimeout {
-		return nil, fmt.Errorf("scanner: Lease %v must be longer than PublishTimeout %v", cfg.Lease, cfg.PublishTimeout)
+		return cfg, fmt.Errorf("scanner: Lease %v must be longer than PublishTimeout %v", cfg.Lease, cfg.PublishTimeout)
 	}
 	if cfg.RetryInitial <= 0 {
 		cfg.RetryInitial = DefaultRetryInitial
@@ -189,18 +208,20 @@ func New(db *sql.DB, pub broker.Publisher, cfg Config) (*Scanner, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if b := cfg.Business; b != nil {
+	if c.Business != nil {
+		b := *c.Business
 		if b.Query == nil || b.Handle == nil {
-			return nil, errors.New("scanner: a business source needs Query and Handle")
+			return cfg, errors.New("scanner: a business source needs Query and Handle")
 		}
 		if err := broker.ValidateTopic(b.Name); err != nil {
-			return nil, fmt.Errorf("scanner: business source name: %w", err)
+			return cfg, fmt.Errorf("scanner: business source name: %w", err)
 		}
 		if b.Every <= 0 {
 			b.Every = DefaultBusinessEvery
 		}
+		cfg.Business = &b
 	}
-	return &Scanner{db: db, pub: pub, cfg: cfg}, nil
+	return cfg, nil
 }
 
 // Run scans until ctx is done.
