@@ -95,9 +95,11 @@ func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 // one round trip writes hundreds of tasks, for a transaction that creates
 // many orders (a batch import, a flash-sale pre-order). Every task is
 // checked before anything is written, and the error names the first
-// invalid one by its index. A (topic, key) that already has a task, or
-// appears twice in tasks, returns ErrDuplicate; pass q a transaction and
-// roll it back then, as the statements before the failing one did write.
+// invalid one by its index. A (topic, key) that appears twice in tasks is
+// refused the same way (ErrDuplicate naming both indexes), before anything
+// is written. One that already has a task returns ErrDuplicate from the
+// statement that meets it: pass q a transaction and roll it back then, as
+// the statements before the failing one did write.
 func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 	type row struct {
 		t       Task
@@ -105,10 +107,16 @@ func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) erro
 		trace   any
 	}
 	rows := make([]row, len(tasks))
+	type topicKey struct{ topic, key string }
+	seen := make(map[topicKey]int, len(tasks))
 	for i, t := range tasks {
 		if err := o.cfg.validate(&t); err != nil {
 			return fmt.Errorf("task %d: %w", i, err)
 		}
+		if first, ok := seen[topicKey{t.Topic, t.Key}]; ok {
+			return fmt.Errorf("task %d: %w: tasks %d and %d have the same topic and key", i, ErrDuplicate, first, i)
+		}
+		seen[topicKey{t.Topic, t.Key}] = i
 		headers, err := store.EncodeHeaders(t.Headers)
 		if err != nil {
 			return fmt.Errorf("task %d: %w", i, err)

@@ -342,7 +342,7 @@ func TestReschedule_BumpsGenerationAndReturnsToPending(t *testing.T) {
 	}
 }
 
-func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalid(t *testing.T) {
+func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalidOrRepeated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	due := time.Now().Add(time.Hour)
@@ -357,6 +357,16 @@ func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalid(t *t
 	}
 	if n := b.count(t, "topic = 'many'"); n != 0 {
 		t.Fatalf("%d rows written by a refused batch, want 0", n)
+	}
+	// The same (topic, key) twice, in the third statement's rows: refused
+	// before the first statement writes its 500.
+	twice := slices.Clone(tasks)
+	twice[1100].Key = twice[3].Key
+	if err := outbox.ScheduleMany(b.ctx, b.db, twice); !errors.Is(err, outbox.ErrDuplicate) || !strings.Contains(err.Error(), "tasks 3 and 1100") {
+		t.Fatalf("ScheduleMany with task 1100 repeating task 3 = %v; want ErrDuplicate naming both", err)
+	}
+	if n := b.count(t, "topic = 'many'"); n != 0 {
+		t.Fatalf("%d rows written by a batch repeating a key, want 0", n)
 	}
 	if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
 		t.Fatal(err)
