@@ -64,6 +64,9 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("delaybridge: Config.Relay: %w", err)
 		}
 	}
+	if err := cfg.Consumer.Check(); err != nil {
+		return nil, fmt.Errorf("delaybridge: Config.Consumer: %w", err)
+	}
 	if cfg.Scanner != nil {
 		if err := cfg.Scanner.Check(broker.Limits{}); err != nil {
 			return nil, fmt.Errorf("delaybridge: Config.Scanner: %w", err)

@@ -55,6 +55,9 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 	if err := pub.Limits().Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults(pub)
 	// Without a group handler the work queue is a hand-over: a delivery
 	// waits for a free worker. With one, it buffers a group, so a worker

@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"time"
 )
 
@@ -46,7 +48,8 @@ type Hooks struct {
 }
 
 // ConsumerConfig configures a Consumer. Every zero value means the default
-// stated on the field.
+// stated on the field; NewConsumer refuses a negative one, and a Backoff
+// that shrinks, tops out below its start, or jitters by more than 1.
 type ConsumerConfig struct {
 	// Concurrency is how many handlers (and, with Group, group
 	// transactions) run at once. Default DefaultConcurrencyFor(GOMAXPROCS):
@@ -137,6 +140,47 @@ const pauseBeforeNack = time.Second
 // remote call, needs more: set Concurrency.
 func DefaultConcurrencyFor(procs int) int {
 	return min(DefaultConcurrency, max(4, 2*procs))
+}
+
+// Check reports what NewConsumer refuses in c, without a broker: a
+// negative count or duration (zero is the default), and a backoff that
+// shrinks, jitters by more than the delay itself, or tops out below where
+// it starts.
+func (c ConsumerConfig) Check() error {
+	var bad []string
+	neg := func(name string, v int64) {
+		if v < 0 {
+			bad = append(bad, fmt.Sprintf("%s %d is negative", name, v))
+		}
+	}
+	negD := func(name string, d time.Duration) {
+		if d < 0 {
+			bad = append(bad, fmt.Sprintf("%s %v is negative", name, d))
+		}
+	}
+	neg("Concurrency", int64(c.Concurrency))
+	neg("MaxAttempts", int64(c.MaxAttempts))
+	neg("GroupSize", int64(c.GroupSize))
+	negD("HoldWindow", c.HoldWindow)
+	negD("HandlerTimeout", c.HandlerTimeout)
+	negD("HandlerGrace", c.HandlerGrace)
+	negD("MaxDelay", c.MaxDelay)
+	negD("Backoff.Initial", c.Backoff.Initial)
+	negD("Backoff.Max", c.Backoff.Max)
+	b := c.Backoff
+	if b.Multiplier != 0 && b.Multiplier < 1 {
+		bad = append(bad, fmt.Sprintf("Backoff.Multiplier %v would shrink the delay; want at least 1 (0 for the default, 2)", b.Multiplier))
+	}
+	if b.Jitter < 0 || b.Jitter > 1 {
+		bad = append(bad, fmt.Sprintf("Backoff.Jitter %v is a fraction of the delay; want 0 to 1 (0 for the default, 0.5)", b.Jitter))
+	}
+	if b.Max > 0 && b.Initial > b.Max {
+		bad = append(bad, fmt.Sprintf("Backoff.Max %v is below Backoff.Initial %v", b.Max, b.Initial))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("broker: NewConsumer: ConsumerConfig: %s (zero means the default)", strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {

@@ -656,3 +656,34 @@ type failingAcker struct {
 
 func (a failingAcker) Ack() error  { a.acks.Add(1); return a.err }
 func (a failingAcker) Nack() error { return a.err }
+
+// A negative setting, or a backoff that cannot mean what was meant, is
+// refused by NewConsumer (and ConsumerConfig.Check) with every problem
+// named, not replaced by a default.
+func TestNewConsumer_RefusesNegativeSettingsAndABackoffThatCannotWork(t *testing.T) {
+	t.Parallel()
+	b := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = b.Close() })
+	h := func(context.Context, *broker.Message) error { return nil }
+	for _, c := range []struct {
+		cfg  broker.ConsumerConfig
+		want string
+	}{
+		{broker.ConsumerConfig{MaxAttempts: -1}, "MaxAttempts -1 is negative"},
+		{broker.ConsumerConfig{Concurrency: -2, GroupSize: -3}, "Concurrency -2 is negative; GroupSize -3 is negative"},
+		{broker.ConsumerConfig{HandlerTimeout: -time.Second}, "HandlerTimeout -1s is negative"},
+		{broker.ConsumerConfig{Backoff: broker.Backoff{Jitter: 2}}, "Backoff.Jitter 2"},
+		{broker.ConsumerConfig{Backoff: broker.Backoff{Multiplier: 0.5}}, "Backoff.Multiplier 0.5 would shrink"},
+		{broker.ConsumerConfig{Backoff: broker.Backoff{Initial: time.Minute, Max: time.Second}}, "Backoff.Max 1s is below Backoff.Initial 1m0s"},
+	} {
+		if _, err := broker.NewConsumer(b, b, h, c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewConsumer(%+v) = %v, want %q", c.cfg, err, c.want)
+		}
+		if err := c.cfg.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Check(%+v) = %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if err := (broker.ConsumerConfig{}).Check(); err != nil {
+		t.Errorf("the zero ConsumerConfig: Check = %v, want nil (every default)", err)
+	}
+}
