@@ -184,6 +184,16 @@ func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	if o.relayWkrs < 0 {
 		return 0, fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", o.relayWkrs)
 	}
+	switch {
+	case o.rate < 0:
+		return 0, fmt.Errorf("--rate %v: need 0 (as fast as possible) or more", o.rate)
+	case o.delay < 0 || o.spread < 0:
+		return 0, fmt.Errorf("--delay %v, --spread %v: neither may be negative", o.delay, o.spread)
+	case o.relayBatch < 1:
+		return 0, fmt.Errorf("--relay-batch %d: need 1 or more", o.relayBatch)
+	case o.group < 1:
+		return 0, fmt.Errorf("--group %d: need 1 (one task a transaction) or more", o.group)
+	}
 	if o.floor && (o.dbOnly || o.relayOnly) {
 		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")
 	}
@@ -238,6 +248,12 @@ applied twice.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			// The flags first: a refused run creates no profile file and
+			// truncates none.
+			ahead, err := o.check(cmd.Flags())
+			if err != nil {
+				return err
+			}
 			if o.cpuProfile != "" {
 				f, err := os.Create(o.cpuProfile)
 				if err != nil {
@@ -248,10 +264,6 @@ applied twice.`,
 					return fmt.Errorf("--cpuprofile: %w", err)
 				}
 				defer pprof.StopCPUProfile()
-			}
-			ahead, err := o.check(cmd.Flags())
-			if err != nil {
-				return err
 			}
 			b := &benchSession{a: a, o: o, ahead: ahead}
 			defer b.close()

@@ -69,6 +69,14 @@ another address needs --tls-cert and --tls-key, or --allow-plain-http.
 See docs/console.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The durations are checked before anything is opened: bad
+			// input changes nothing.
+			if opts.grace < 0 {
+				return fmt.Errorf("--grace %v: want 0 (overdue as soon as past due) or more", opts.grace)
+			}
+			if err := checkProbeDelay(opts.probe); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cred, err := readConsoleCredential(opts.authFile)
@@ -142,8 +150,8 @@ See docs/console.md.`,
 	f.StringVar(&opts.tlsCert, "tls-cert", "", "PEM certificate (chain) to serve the console over HTTPS, with --tls-key")
 	f.StringVar(&opts.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.BoolVar(&opts.allowPlain, "allow-plain-http", false, "allow a --listen address beyond loopback without TLS (the password then crosses the network in the clear)")
-	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
-	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks")
+	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue (0 or more)")
+	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks (more than 0)")
 	return cmd
 }
 

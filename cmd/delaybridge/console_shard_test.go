@@ -48,6 +48,7 @@ func TestConsoleCmd_RefusesBadShardFlagsWithoutShowingPasswords(t *testing.T) {
 		{"duplicate name", []string{"--shard", good, "--shard", "a=u:secretpw@tcp(127.0.0.1:2)/o"}, "--shard a given twice"},
 		{"bad DSN", []string{"--shard", "b=u:secretpw@tcp(h:1)o"}, "--shard b: DSN"},
 		{"missing DSN file", []string{"--shard", "b=@/nonexistent/b.dsn"}, "--shard b:"},
+		{"empty DSN", []string{"--shard", good, "--shard", "b="}, "--shard b: empty DSN"},
 		{"with --mysql-dsn", []string{"--shard", good, "--mysql-dsn", "u:secretpw@tcp(127.0.0.1:1)/o"}, "--mysql-dsn and --shard are both set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

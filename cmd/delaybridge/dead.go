@@ -26,6 +26,14 @@ func newDeadCmd(a *app) *cobra.Command {
 		Use:   "list",
 		Short: "List dead tasks, oldest due first, with their last error",
 		Args:  cobra.NoArgs,
+		// --limit is checked before the database is opened: bad input
+		// changes nothing.
+		PreRunE: func(*cobra.Command, []string) error {
+			if limit < 1 {
+				return fmt.Errorf("--limit %d: want 1 or more", limit)
+			}
+			return nil
+		},
 		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
 			dead, err := outbox.ListDead(ctx, db, limit)
 			if err != nil {
@@ -48,7 +56,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			return nil
 		}),
 	}
-	list.Flags().IntVar(&limit, "limit", 100, "most tasks to list")
+	list.Flags().IntVar(&limit, "limit", 100, "most tasks to list (1 or more)")
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	replay := &cobra.Command{
 		Use:   "replay TOPIC KEY",

@@ -85,6 +85,11 @@ shard, each line naming its shard. Every line starts with OK, WARN or FAIL;
 the exit code is 1 when any check failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Checked before any check runs: a bad delay creates no probe
+			// topic and publishes no probe.
+			if err := checkProbeDelay(probe); err != nil {
+				return err
+			}
 			r := runDoctor(cmd.Context(), a, &bf, &sf, probe)
 			fmt.Fprintf(a.stdout, "%d failed, %d warnings\n", r.failed, r.warned)
 			if r.failed > 0 {
@@ -95,8 +100,18 @@ the exit code is 1 when any check failed.`,
 	}
 	bf.register(cmd.Flags())
 	sf.register(cmd.Flags())
-	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe")
+	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe (more than 0)")
 	return cmd
+}
+
+// checkProbeDelay refuses a --probe-delay the precision probe cannot use: a
+// probe due at once or in the past arrives at once whether the broker's
+// timers are on or off.
+func checkProbeDelay(probe time.Duration) error {
+	if probe <= 0 {
+		return fmt.Errorf("--probe-delay %v: want a positive duration (a probe due at once cannot tell whether the broker's timers are on)", probe)
+	}
+	return nil
 }
 
 // runDoctor runs every check of the database and the broker bf names.

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -346,6 +351,17 @@ func TestBench_AFailedFloorStillReportsTheBrokerRun(t *testing.T) {
 	}
 }
 
+// runContext runs the CLI with args under ctx and returns its stdout.
+func runContext(ctx context.Context, args ...string) (string, error) {
+	var out bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
+}
+
 func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	db, dsn := testenv.ScratchDB(t)
 	for _, c := range []struct {
@@ -369,6 +385,10 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--amqp-url", "http://u:p@127.0.0.1:5672/"}, "not a valid AMQP URL"},
 		{[]string{"--broker", "rocket", "--rocketmq-group-prefix", "a b"}, "Config.GroupPrefix"},
 		{[]string{"--broker", "rocket", "--rocketmq-queues", "-4"}, "--rocketmq-queues -4"},
+		{[]string{"--rate", "-5"}, "--rate -5: need 0"},
+		{[]string{"--spread", "-1s"}, "neither may be negative"},
+		{[]string{"--relay-batch", "0"}, "--relay-batch 0: need 1"},
+		{[]string{"--group", "-1"}, "--group -1: need 1"},
 	} {
 		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -396,6 +416,58 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %v: err = %v, want %q", c.args, err, c.want)
 		}
+	}
+	// A refused bench neither creates nor truncates its --cpuprofile.
+	dir := t.TempDir()
+	kept, fresh := filepath.Join(dir, "kept.prof"), filepath.Join(dir, "fresh.prof")
+	if err := os.WriteFile(kept, []byte("an earlier profile"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, prof := range []string{kept, fresh} {
+		_, _, err := run(t, "bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error", "--cpuprofile", prof, "--concurrency", "-1")
+		if err == nil || !strings.Contains(err.Error(), "--concurrency -1: need 0") {
+			t.Errorf("bench --cpuprofile %s --concurrency -1: err = %v, want the --concurrency error", prof, err)
+		}
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "an earlier profile" {
+		t.Errorf("a refused bench changed the existing --cpuprofile: %q, %v", b, err)
+	}
+	if _, err := os.Stat(fresh); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused bench created its --cpuprofile: %v", err)
+	}
+	// The commands that read the outbox or probe the broker refuse bad
+	// flags before they open the database, create a topic or publish: they
+	// print nothing. A console that wrongly started is stopped by the
+	// context's deadline, and then returns no error.
+	auth := writeAuthFile(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dead", "list", "--limit", "-1"}, "--limit -1: want 1 or more"},
+		{[]string{"dead", "list", "--limit", "0"}, "--limit 0: want 1 or more"},
+		{[]string{"status", "--grace", "-1s"}, "--grace -1s: want 0"},
+		{[]string{"status", "--window", "-10m"}, "--window -10m0s: want 0"},
+		{[]string{"console", "--auth-file", auth, "--listen", "127.0.0.1:0", "--grace", "-1s"}, "--grace -1s: want 0"},
+		{[]string{"console", "--auth-file", auth, "--listen", "127.0.0.1:0", "--probe-delay", "-2s"}, "--probe-delay -2s: want a positive duration"},
+		{[]string{"console", "--auth-file", auth, "--listen", "127.0.0.1:0", "--probe-delay", "0s"}, "--probe-delay 0s: want a positive duration"},
+		{append([]string{"doctor", "--probe-delay", "-2s"}, rocketFlags(t)...), "--probe-delay -2s: want a positive duration"},
+		{append([]string{"doctor", "--probe-delay", "0s"}, rocketFlags(t)...), "--probe-delay 0s: want a positive duration"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		out, err := runContext(ctx, append(c.args, "--mysql-dsn", dsn, "--log-level", "error")...)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
+		}
+		if out != "" {
+			t.Errorf("%v printed %q before refusing its flags", c.args, out)
+		}
+	}
+	// An empty DSN in --shard names the shard, not --mysql-dsn (which
+	// --shard replaces; emptied here so the environment's does not clash).
+	if _, _, err := run(t, "status", "--mysql-dsn=", "--shard", "a="+dsn, "--shard", "b=", "--log-level", "error"); err == nil || !strings.Contains(err.Error(), "--shard b: empty DSN") {
+		t.Errorf("status --shard b=: err = %v, want %q", err, "--shard b: empty DSN")
 	}
 	// The scratch database was never migrated by bench nor announced to by
 	// run: no table was made.

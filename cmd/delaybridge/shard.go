@@ -38,8 +38,8 @@ func (s *shardFlags) register(f *pflag.FlagSet) {
 	f.StringArrayVar(&s.raw, "shard", nil, "an outbox shard as NAME=DSN, or NAME=@FILE to read the DSN from FILE (keeps the password out of the process list); repeat for every shard; replaces --mysql-dsn")
 }
 
-// parse validates every --shard: a legal, unique name and a DSN the driver
-// parses. Errors never show a password.
+// parse validates every --shard: a legal, unique name and a non-empty DSN
+// the driver parses. Errors never show a password.
 func (s *shardFlags) parse() ([]shard, error) {
 	out := make([]shard, 0, len(s.raw))
 	for _, raw := range s.raw {
@@ -56,6 +56,11 @@ func (s *shardFlags) parse() ([]shard, error) {
 				return nil, fmt.Errorf("--shard %s: %w", name, err)
 			}
 			dsn = v
+		}
+		// The driver parses an empty DSN, and openDB would then ask for
+		// --mysql-dsn, which --shard replaces: name the shard instead.
+		if strings.TrimSpace(dsn) == "" {
+			return nil, fmt.Errorf("--shard %s: empty DSN: want NAME=DSN or NAME=@FILE", name)
 		}
 		if _, err := mysql.ParseDSN(dsn); err != nil {
 			return nil, fmt.Errorf("--shard %s: DSN %s: %w", name, redactDSN(dsn), scrub(err, dsn))

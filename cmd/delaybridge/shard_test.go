@@ -41,6 +41,8 @@ func TestShardFlags_ParseNamesAndDSNsAndRefuseTheRest(t *testing.T) {
 		{"twice", []string{"a=u:secretpw@tcp(h:1)/o", "a=u:secretpw@tcp(h:2)/o"}, "--shard a given twice"},
 		{"bad DSN", []string{"a=u:secretpw@tcp(h:1)o"}, "--shard a: DSN"},
 		{"missing file", []string{"a=@/nonexistent/dsn"}, "--shard a:"},
+		{"empty DSN", []string{"a=u:secretpw@tcp(h:1)/o", "b="}, "--shard b: empty DSN"},
+		{"blank DSN", []string{"b= "}, "--shard b: empty DSN"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := (&shardFlags{raw: tc.raw}).parse()

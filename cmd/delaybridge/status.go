@@ -41,6 +41,17 @@ With --shard NAME=DSN (repeated), status reports every outbox shard in turn,
 each under its name; with --json, one object per shard, its "shard" field
 naming it. A shard it cannot read is reported and the others still are.`,
 		Args: cobra.NoArgs,
+		// The durations are checked before any database is opened: bad
+		// input changes nothing.
+		PreRunE: func(*cobra.Command, []string) error {
+			if grace < 0 {
+				return fmt.Errorf("--grace %v: want 0 (overdue as soon as past due) or more", grace)
+			}
+			if window < 0 {
+				return fmt.Errorf("--window %v: want 0 (no lateness summary) or more", window)
+			}
+			return nil
+		},
 		RunE: a.shardRun(&sf, func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
 			var st *outbox.Stats
@@ -103,8 +114,8 @@ naming it. A shard it cannot read is reported and the others still are.`,
 	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary that delaybridge run keeps (slow on a large outbox)")
-	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue")
-	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary")
+	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue (0 or more)")
+	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary (0 = no summary)")
 	return cmd
 }
 
