@@ -77,7 +77,7 @@ VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
 	if err != nil {
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1062 {
-			return 0, fmt.Errorf("%w: %s/%s", ErrDuplicate, t.Topic, t.Key)
+			return 0, fmt.Errorf("%w: %s/%q", ErrDuplicate, t.Topic, t.Key)
 		}
 		return 0, fmt.Errorf("outbox: schedule %s/%s: %w", t.Topic, t.Key, err)
 	}
@@ -223,7 +223,7 @@ func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State
 	var st string
 	err := q.QueryRowContext(ctx, "SELECT state FROM delay_task WHERE topic = ? AND task_key = ?", topic, []byte(key)).Scan(&st)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", fmt.Errorf("%w: %s/%s", ErrNotFound, topic, key)
+		return "", fmt.Errorf("%w: %s/%q", ErrNotFound, topic, key)
 	}
 	if err != nil {
 		return "", fmt.Errorf("outbox: read %s/%s: %w", topic, key, err)
@@ -240,7 +240,7 @@ func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskIn
 	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %s/%s", ErrNotFound, topic, key)
+		return nil, fmt.Errorf("%w: %s/%q", ErrNotFound, topic, key)
 	}
 	return info, err
 }

@@ -61,7 +61,7 @@ func newDeadCmd(a *app) *cobra.Command {
 	replay := &cobra.Command{
 		Use:   "replay TOPIC KEY",
 		Short: "Put a dead task back to pending with its attempts reset",
-		Args:  cobra.ExactArgs(2),
+		Args:  topicKeyArgs(2),
 		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			if err := outbox.Replay(ctx, db, args[0], args[1]); err != nil {
 				return err

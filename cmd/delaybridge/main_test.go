@@ -325,3 +325,35 @@ func TestStatus_ReadsTheSummaryAndSaysHowOld(t *testing.T) {
 		t.Fatalf("status --live: %+v", st)
 	}
 }
+
+// A topic or key that no task can have is refused by name before the
+// database is opened (no --mysql-dsn is needed to see it), and an error
+// carrying a control character prints it escaped, its line breaks kept.
+func TestTaskAndDeadArgs_AreCheckedBeforeTheDatabaseAndErrorsPrintSafely(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"task", "show", "two words", "k"}, "TOPIC: "},
+		{[]string{"task", "cancel", "t", ""}, "KEY : "},
+		{[]string{"task", "reschedule", "t", "k\x01", "+1m"}, `KEY "k\x01": `},
+		{[]string{"dead", "replay", "t/x", "k"}, "TOPIC: "},
+		{[]string{"task", "show", "t"}, "accepts 2 arg(s)"},
+	} {
+		_, _, err := run(t, append(c.args, "--mysql-dsn", "nobody:x@tcp(127.0.0.1:1)/none")...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"plain error":                      "plain error",
+		"first\nsecond":                    "first\nsecond",
+		"no such task: t/\"k\\x1b[2J\"":    "no such task: t/\"k\\x1b[2J\"",
+		"raw \x1b[2Jescape\r and bell\x07": `raw \x1b[2Jescape\r and bell\a`,
+		"bidi\u202eevil\ttab":              `bidi\u202eevil` + "\ttab",
+	} {
+		if got := terminalSafe(in); got != want {
+			t.Errorf("terminalSafe(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -24,7 +25,7 @@ func newTaskCmd(a *app) *cobra.Command {
 	show := &cobra.Command{
 		Use:   "show TOPIC KEY",
 		Short: "Show a task's state, due time, attempts and last error",
-		Args:  cobra.ExactArgs(2),
+		Args:  topicKeyArgs(2),
 		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			info, err := outbox.Get(ctx, db, args[0], args[1])
 			if err != nil {
@@ -38,7 +39,7 @@ func newTaskCmd(a *app) *cobra.Command {
 	cancel := &cobra.Command{
 		Use:   "cancel TOPIC KEY",
 		Short: "Cancel a task that is not done yet",
-		Args:  cobra.ExactArgs(2),
+		Args:  topicKeyArgs(2),
 		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			if err := outbox.Cancel(ctx, db, args[0], args[1]); err != nil {
 				return err
@@ -50,7 +51,7 @@ func newTaskCmd(a *app) *cobra.Command {
 	reschedule := &cobra.Command{
 		Use:   "reschedule TOPIC KEY WHEN",
 		Short: "Move a task to WHEN: an RFC 3339 time or +duration from now",
-		Args:  cobra.ExactArgs(3),
+		Args:  topicKeyArgs(3),
 		// WHEN is checked before the database is opened: bad input changes nothing.
 		PreRunE: func(cmd *cobra.Command, args []string) error {
 			_, err := parseWhen(args[2], time.Now())
@@ -70,6 +71,24 @@ func newTaskCmd(a *app) *cobra.Command {
 	}
 	cmd.AddCommand(show, cancel, reschedule)
 	return cmd
+}
+
+// topicKeyArgs takes exactly n arguments, the first two a topic and a key
+// that could name a task: a malformed one is an error naming it, before
+// the database is opened, rather than "no such task".
+func topicKeyArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return err
+		}
+		if err := broker.ValidateTopic(args[0]); err != nil {
+			return fmt.Errorf("TOPIC: %w", err)
+		}
+		if err := broker.ValidateKey(args[1]); err != nil {
+			return fmt.Errorf("KEY %s: %w", printable(args[1]), err)
+		}
+		return nil
+	}
 }
 
 func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
