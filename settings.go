@@ -115,6 +115,14 @@ func validSettingName(name string) bool {
 // is an error naming who, the program or command reading it. holdsSecret
 // says whether the file sets a secret flag itself (not its -file twin).
 func ApplyEnvAndFile(fs *pflag.FlagSet, file, who string) (holdsSecret bool, err error) {
+	return ApplyEnvAndFileShared(fs, file, who, nil)
+}
+
+// ApplyEnvAndFileShared is ApplyEnvAndFile for a config file several
+// programs or commands share: a setting fs lacks that known reports as
+// another one's is skipped, not refused, while a name known does not
+// report (a typo) is still an error. known nil shares nothing.
+func ApplyEnvAndFileShared(fs *pflag.FlagSet, file, who string, known func(name string) bool) (holdsSecret bool, err error) {
 	var fromFile map[string]string
 	if file != "" {
 		f, err := os.Open(file)
@@ -127,6 +135,9 @@ func ApplyEnvAndFile(fs *pflag.FlagSet, file, who string) (holdsSecret bool, err
 		}
 		for name := range fromFile {
 			if fs.Lookup(name) == nil {
+				if known != nil && known(name) {
+					continue // another command's: this one has no use for it
+				}
 				return false, fmt.Errorf("config file %s: unknown setting %q for %s", file, name, who)
 			}
 			holdsSecret = holdsSecret || IsSecretSetting(name)

@@ -20,8 +20,21 @@ func envName(name string) string { return delaybridge.EnvName(name) }
 // applyConfig fills every flag of cmd the command line did not set, first
 // from its DELAYBRIDGE_* environment variable, then from the config file
 // (see delaybridge.ApplyEnvAndFile).
+//
+// One file may serve every command: a setting of another delaybridge
+// command (broker = rabbit in the file migrate reads) is skipped, and only
+// a name no command has is an error, so a typo is still caught.
 func applyConfig(cmd *cobra.Command, file string) (holdsSecret bool, err error) {
-	return delaybridge.ApplyEnvAndFile(cmd.Flags(), file, cmd.CommandPath())
+	known := map[string]bool{}
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		visitAll(c, func(f *pflag.Flag) { known[f.Name] = true })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cmd.Root())
+	return delaybridge.ApplyEnvAndFileShared(cmd.Flags(), file, cmd.CommandPath(), func(name string) bool { return known[name] })
 }
 
 // noteConfigFile logs what an operator should know about the config file

@@ -218,6 +218,33 @@ func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
 	}
 }
 
+// One config file serves every command: each takes its own settings and
+// skips other commands' (a command without broker flags reads a file that
+// names the broker), and a name no command has is still an error.
+func TestConfig_OneFileServesEveryCommandAndATypoIsStillAnError(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "delaybridge.conf")
+	shared := "mysql-dsn = file:file@tcp(127.0.0.1:1)/x\nbroker = rocket\nretention = 24h\nrabbit-prefetch = 100\nlisten = 127.0.0.1:9000\n"
+	if err := os.WriteFile(file, []byte(shared), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+	t.Setenv("DELAYBRIDGE_CONFIG", file)
+	if got := settingsAfter(t, nil); got.mysqlDSN != "file:file@tcp(127.0.0.1:1)/x" {
+		t.Fatalf("a command without broker flags read dsn %q from the shared file", got.mysqlDSN)
+	}
+	if err := os.WriteFile(file, []byte(shared+"brokr = rabbit\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(t, "status"); err == nil || !strings.Contains(err.Error(), `unknown setting "brokr"`) {
+		t.Fatalf("a typo in the shared file: %v, want it refused", err)
+	}
+}
+
 func TestSecrets_NeverPrintedWhenTheDatabaseRefuses(t *testing.T) {
 	testenv.MySQL(t)
 	const password = "S3cret-Pa55word"
