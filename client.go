@@ -183,8 +183,9 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		if topo, err = c.cfg.Topology(); err != nil {
 			return err
 		}
-		if c.presence, err = outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics},
-			outbox.PresenceConfig{Logger: c.cfg.Logger}); err != nil {
+		pc := c.cfg.Presence
+		pc.Logger = cmp.Or(pc.Logger, c.cfg.Logger)
+		if c.presence, err = outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics}, pc); err != nil {
 			return err
 		}
 		handlers := c.handlers

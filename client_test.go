@@ -171,6 +171,21 @@ func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
 	if !strings.Contains(err.Error(), other.RabbitPrefix) || !strings.Contains(err.Error(), b.cfg.RabbitPrefix) {
 		t.Errorf("error %q does not name both prefixes", err)
 	}
+	// Rolling a change out process by process: with WarnOnly it starts.
+	other.Presence.WarnOnly = true
+	third, err := delaybridge.NewClient(b.db, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Handle("shop-cancel", noop); err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Start(b.ctx); err != nil {
+		t.Fatalf("Start with Presence.WarnOnly beside another prefix = %v; want it started", err)
+	}
+	if err := third.Stop(b.ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A Start that fails after the consumer announced itself leaves nothing

@@ -128,6 +128,12 @@ type Config struct {
 	// Scanner, when not nil, makes a Client also run the scanner in its
 	// process with this configuration (see Relay).
 	Scanner *scanner.Config
+	// Presence tunes the record a Client's consumer keeps in the outbox
+	// (outbox.Announce): set WarnOnly while rolling a topology change out
+	// process by process (docs/topology.md), so a consumer whose prefix,
+	// mode or ladder differs from the still-running old ones starts and
+	// logs the difference instead of refusing. Logger fills its Logger.
+	Presence outbox.PresenceConfig
 	// Metrics, when not nil, is fed by the consumer, relay and scanner a
 	// Client runs (NewMetrics), beside any hooks set above: the consumer's
 	// lateness, outcomes and group sizes that the dashboard in

@@ -141,7 +141,52 @@ func CheckDatabase(ctx context.Context, db *sql.DB) (Database, error) {
 	if err := d.Check(); err != nil {
 		return d, err
 	}
+	if err := CheckSchema(ctx, db); err != nil {
+		return d, err
+	}
 	return d, ProbeSkipLocked(ctx, db)
+}
+
+// ErrSchemaBehind is returned by CheckSchema when the database lacks a
+// migration this binary ships: a process built for a newer schema must
+// not run on an older one (a missing table or index fails later, mid-work).
+var ErrSchemaBehind = errors.New("outbox: the database schema is older than this binary")
+
+// CheckSchema reports ErrSchemaBehind, naming the missing migrations, when
+// db lacks any migration Migrations returns. Migrations newer than the
+// binary's are allowed: an upgrade migrates first, then replaces the
+// binaries one by one.
+func CheckSchema(ctx context.Context, db *sql.DB) error {
+	migs, err := Migrations()
+	if err != nil {
+		return err
+	}
+	rows, err := db.QueryContext(ctx, "SELECT version FROM delaybridge_migration")
+	if err != nil {
+		return fmt.Errorf("%w: no migrations recorded (run delaybridge migrate): %w", ErrSchemaBehind, err)
+	}
+	defer rows.Close()
+	have := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return fmt.Errorf("outbox: read applied migrations: %w", err)
+		}
+		have[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("outbox: read applied migrations: %w", err)
+	}
+	var missing []string
+	for _, m := range migs {
+		if !have[m.Version] {
+			missing = append(missing, m.Name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: it lacks %s; run delaybridge migrate (or outbox.Migrate) first", ErrSchemaBehind, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // probeLock is the named lock that serialises SKIP LOCKED probes.

@@ -163,3 +163,35 @@ func TestProbeSkipLocked_ConcurrentProbesAllPass(t *testing.T) {
 		}
 	}
 }
+
+// A database that lacks a migration this binary ships is refused before a
+// daemon starts, naming the migration and the fix; one with no migration
+// table at all too.
+func TestCheckDatabase_RefusesASchemaOlderThanTheBinary(t *testing.T) {
+	db, _ := testenv.ScratchDB(t)
+	ctx := context.Background()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.CheckSchema(ctx, db); err != nil {
+		t.Fatalf("CheckSchema on a migrated database = %v", err)
+	}
+	migs, err := outbox.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := migs[len(migs)-1]
+	if _, err := db.ExecContext(ctx, "DELETE FROM delaybridge_migration WHERE version = ?", last.Version); err != nil {
+		t.Fatal(err)
+	}
+	_, err = outbox.CheckDatabase(ctx, db)
+	if !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), last.Name) || !strings.Contains(err.Error(), "run delaybridge migrate") {
+		t.Fatalf("CheckDatabase without %s = %v; want ErrSchemaBehind naming it and the fix", last.Name, err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE delaybridge_migration"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.CheckSchema(ctx, db); !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), "run delaybridge migrate") {
+		t.Fatalf("CheckSchema with no migration table = %v; want ErrSchemaBehind", err)
+	}
+}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
 )
 
 func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {
@@ -15,12 +17,12 @@ func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {
 	}
 }
 
-// run checks the database before it touches the broker: on an empty
-// database the SKIP LOCKED probe has no schema to probe and says so.
+// run checks the database before it touches the broker: an empty
+// database has no schema, and the error says to migrate.
 func TestRun_RefusesADatabaseItCannotProbe(t *testing.T) {
 	_, bare := testenv.ScratchDB(t)
 	_, _, err := run(t, append([]string{"run", "--mysql-dsn", bare, "--http", testenv.FreeAddr(t), "--log-level", "error"}, rabbitFlags(t)...)...)
-	if err == nil || !strings.Contains(err.Error(), "SKIP LOCKED probe needs the migrated schema (run delaybridge migrate)") {
+	if !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), "run delaybridge migrate") {
 		t.Fatalf("run on an unmigrated database: %v", err)
 	}
 }
