@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -28,6 +29,13 @@ var ErrUnroutable = errors.New("rabbit: message unroutable")
 // dial opens one connection named after cfg.ConnectionName and role, to
 // the first node of cfg's ring that answers (see nodeRing).
 func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
+	return dialRecording(ctx, cfg, role, nil)
+}
+
+// dialRecording is dial that also stores the connection's socket in sock
+// (when not nil), so another goroutine can close it under a connection
+// stuck writing to a broker that stopped reading (Publisher.Close).
+func dialRecording(ctx context.Context, cfg Config, role string, sock *atomic.Pointer[writeBehindConn]) (*amqp.Connection, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -43,7 +51,7 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 		conn, err := amqp.DialConfig(u, amqp.Config{
 			Heartbeat:  cfg.Heartbeat,
 			Properties: props,
-			Dial:       writeBehindDial(cfg.DialTimeout),
+			Dial:       writeBehindDial(cfg.DialTimeout, sock),
 			// amqp091-go writes the server name into the config it is given.
 			TLSClientConfig: cfg.TLS.Clone(),
 		})
@@ -63,15 +71,19 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 }
 
 // writeBehindDial dials like amqp.DefaultDial and wraps the socket in a
-// writeBehindConn (see wire.go).
-func writeBehindDial(timeout time.Duration) func(network, addr string) (net.Conn, error) {
+// writeBehindConn (see wire.go), stored in sock when not nil.
+func writeBehindDial(timeout time.Duration, sock *atomic.Pointer[writeBehindConn]) func(network, addr string) (net.Conn, error) {
 	dial := amqp.DefaultDial(timeout)
 	return func(network, addr string) (net.Conn, error) {
 		c, err := dial(network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return newWriteBehindConn(c), nil
+		w := newWriteBehindConn(c)
+		if sock != nil {
+			sock.Store(w)
+		}
+		return w, nil
 	}
 }
 
@@ -95,5 +107,14 @@ func newBackoff(max time.Duration) *backoff.ExponentialBackOff {
 func closeQuietly(conn *amqp.Connection) {
 	if conn != nil && !conn.IsClosed() {
 		_ = conn.Close()
+	}
+}
+
+// closeWithin closes conn, waiting at most wait for the broker's answer: a
+// broker that blocks a publisher's connection (a memory or disk alarm)
+// stops reading it and never answers a plain Close while the alarm lasts.
+func closeWithin(conn *amqp.Connection, wait time.Duration) {
+	if conn != nil && !conn.IsClosed() {
+		_ = conn.CloseDeadline(time.Now().Add(wait))
 	}
 }

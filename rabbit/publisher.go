@@ -37,6 +37,7 @@ type Publisher struct {
 	wg        sync.WaitGroup // the owner goroutines
 	done      chan struct{}  // closed when they all ended
 	closeOnce sync.Once
+	loops     []*pubLoop
 
 	idBase string
 	seq    atomic.Uint64
@@ -91,7 +92,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	loops := make([]*pubLoop, cfg.Channels)
 	for i := range loops {
 		l := &pubLoop{p: p, role: fmt.Sprintf("publisher %d", i), pending: map[uint64]pendingMsg{}, returned: map[string]string{}, declared: map[string]bool{}}
-		conn, err := dial(ctx, cfg, l.role)
+		conn, err := dialRecording(ctx, cfg, l.role, &l.sock)
 		if err == nil {
 			if err = l.attach(conn); err != nil {
 				closeQuietly(conn)
@@ -105,6 +106,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		}
 		loops[i] = l
 	}
+	p.loops = loops
 	p.wg.Add(len(loops))
 	for _, l := range loops {
 		go l.run()
@@ -119,12 +121,32 @@ func (p *Publisher) Limits() broker.Limits { return p.limits }
 
 // Close stops the Publisher, fails what is still unconfirmed with
 // broker.ErrClosed and closes the connection. It waits for the owner
-// goroutine to end.
+// goroutines to end: at most about closeGrace and the close handshake's
+// wait, even while the broker has blocked the connections (a memory or
+// disk alarm), when their sockets are closed under them.
 func (p *Publisher) Close() error {
 	p.closeOnce.Do(func() { close(p.stop) })
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+	}
+	// A loop still running is stuck writing to a broker that stopped
+	// reading: closing its socket fails the write, and the loop ends.
+	for _, l := range p.loops {
+		if w := l.sock.Load(); w != nil {
+			_ = w.Close()
+		}
+	}
 	<-p.done
 	return nil
 }
+
+// closeGrace is how long Close lets the owner goroutines end on their own,
+// and how long a loop's close handshake may wait for the broker.
+const closeGrace = 5 * time.Second
 
 // Publish sends msgs, each to be delivered at its next hop as Limits().Plan
 // plans it, and waits for the broker's confirms. See broker.Publisher.
@@ -218,10 +240,12 @@ type pendingMsg struct {
 	id  string
 }
 
-// pubLoop is the state of the owner goroutine. Nothing else touches it.
+// pubLoop is the state of the owner goroutine. Nothing else touches it but
+// sock, which Close may close under a loop stuck in a write.
 type pubLoop struct {
 	p        *Publisher
 	role     string // connection name suffix
+	sock     atomic.Pointer[writeBehindConn]
 	conn     *amqp.Connection
 	ch       *amqp.Channel // confirm mode, publishes only
 	topoCh   *amqp.Channel // declarations, so a refused one cannot kill ch
@@ -435,7 +459,7 @@ func (l *pubLoop) reconnect() bool {
 			return false
 		case <-t.C:
 		}
-		conn, err := dial(context.Background(), p.cfg, l.role)
+		conn, err := dialRecording(context.Background(), p.cfg, l.role, &l.sock)
 		if err == nil {
 			if err = l.attach(conn); err != nil {
 				closeQuietly(conn)
@@ -461,5 +485,5 @@ func (l *pubLoop) shutdown() {
 		}
 		l.cur = nil
 	}
-	closeQuietly(l.conn)
+	closeWithin(l.conn, closeGrace)
 }

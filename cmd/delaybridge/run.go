@@ -122,7 +122,13 @@ back (up to --drain) and exits 0.`,
 			if err != nil {
 				return err
 			}
-			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
+			defer func() {
+				// Bounded: a database gone at shutdown must not hold the
+				// exit past --drain; the record expires anyway.
+				pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = presence.Close(pctx)
+			}()
 
 			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
@@ -149,11 +155,15 @@ back (up to --drain) and exits 0.`,
 			httpErr := make(chan error, 1)
 			go func() { httpErr <- srv.Serve(ln) }()
 
+			var failed error
 			select {
 			case <-ctx.Done():
 				a.log.Info("delaybridge run: stopping")
 			case err := <-httpErr:
-				a.log.Error("delaybridge run: http server failed", "err", err)
+				// Stops the daemon and exits non-zero, so a supervisor
+				// restarts it rather than leave it without health checks.
+				failed = fmt.Errorf("http server on %s failed: %w", ln.Addr(), err)
+				a.log.Error("delaybridge run: http server failed; stopping", "err", err)
 			}
 			stopWork()
 			done := make(chan struct{})
@@ -167,7 +177,7 @@ back (up to --drain) and exits 0.`,
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 			fmt.Fprintln(a.stdout, "delaybridge stopped")
-			return nil
+			return failed
 		},
 	}
 	f := cmd.Flags()
