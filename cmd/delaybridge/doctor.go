@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -267,6 +268,9 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	if w := clusterDeadLetteringWarning(version, len(bf.AMQPNodes), bf.RabbitMode, cfg.DeadLettering); w != "" {
 		r.warn("%s", w)
 	}
+	if w := deliveryLimitWarning(version, cfg.Prefix); w != "" {
+		r.warn("%s", w)
+	}
 	if err := in.QuorumDeadLettering; err != nil {
 		r.fail("cannot declare a quorum queue with at-least-once dead-lettering: %v (enable the quorum_queue feature flag)", err)
 	} else {
@@ -310,6 +314,23 @@ func clusterDeadLetteringWarning(version string, otherNodes int, mode string, dl
 		return ""
 	}
 	return fmt.Sprintf("RabbitMQ %s cluster with at-least-once dead-lettering: after a node is lost, ladder hops can stall until it returns (a RabbitMQ bug fixed in 3.12.5), so those tasks wait for the scanner's --grace; upgrade RabbitMQ or set --rabbit-dead-lettering at-most-once on every process (docs/deployment.md)", version)
+}
+
+// deliveryLimitWarning says when the broker's quorum queues have a
+// delivery limit of their own (RabbitMQ 4.0 and later: 20 by default): a
+// message given back that many times is dropped (the topic queues have no
+// dead-letter exchange), and the consumer gives messages back while it
+// cannot settle them, through a database outage for one. The scanner
+// publishes the task again after its grace, so it is late, not lost; a
+// message with no task (foreign, malformed) is lost without a dead record.
+// The broker's policies are out of AMQP's sight, so doctor cannot tell
+// whether one already raised the limit.
+func deliveryLimitWarning(version, prefix string) string {
+	if major, _ := versionOf(version); major < 4 {
+		return ""
+	}
+	return fmt.Sprintf("RabbitMQ %s drops a quorum queue's message after 20 deliveries unless a policy raises delivery-limit: a consumer gives a message back every second while it cannot settle it (a retry it cannot publish, a dead letter it cannot record), and those tasks then come back only through the scanner's --grace; unless you did already, run rabbitmqctl set_policy delaybridge-delivery-limit '^%s\\.q\\.' '{\"delivery-limit\": 1000000}' --apply-to quorum_queues (docs/brokers.md)",
+		version, regexp.QuoteMeta(prefix))
 }
 
 func versionOf(v string) (int, int) {

@@ -37,3 +37,17 @@ func TestClusterDeadLetteringWarning(t *testing.T) {
 		}
 	}
 }
+
+// doctor warns of the delivery limit RabbitMQ 4 gives quorum queues, and
+// says the policy that lifts it for the prefix's queues.
+func TestDeliveryLimitWarning(t *testing.T) {
+	for version, warn := range map[string]bool{"3.10.8": false, "3.13.7": false, "4.0.5": true, "4.2.0": true, "": false} {
+		got := deliveryLimitWarning(version, "shop.eu")
+		if (got != "") != warn {
+			t.Errorf("%q: warning %q, want one: %v", version, got, warn)
+		}
+		if got != "" && !strings.Contains(got, `set_policy delaybridge-delivery-limit '^shop\.eu\.q\.' '{"delivery-limit": 1000000}' --apply-to quorum_queues`) {
+			t.Errorf("warning %q does not give the policy for the prefix", got)
+		}
+	}
+}
