@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/hex"
 	"fmt"
 	"html"
 	"net/http"
@@ -68,4 +70,64 @@ func TestConsole_RescheduleConfirmWritesTheTimeItShowed(t *testing.T) {
 				tc.when, tc.wait, st, fmtTime(time.UnixMilli(due)), fmtTime(shown), form.Get("when"))
 		}
 	}
+}
+
+// nextLink finds the "next page" link of a console page.
+var nextLink = regexp.MustCompile(`href="(/(?:tasks|dead)\?[^"]*after=[^"]*)"`)
+
+// A search's next-page link carries no task key: the cursor of a search by
+// topic is the last key of its page, and the link is sealed so neither the
+// page, the browser's history nor a proxy's log holds it. The link still
+// leads to the next page, and an altered one is refused.
+func TestConsole_NextPageLinksHoldNoKey(t *testing.T) {
+	testenv.SkipIfShort(t, "needs MariaDB")
+	b := setupConsole(t, false)
+	ctx := context.Background()
+	var keys []string
+	for i := range 60 {
+		key := fmt.Sprintf("paged-secret-%03d", i)
+		keys = append(keys, key)
+		if _, err := outbox.Schedule(ctx, b.db, outbox.Task{Topic: "paged", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, page := b.get(t, "/tasks?topic=paged")
+	m := nextLink.FindStringSubmatch(page)
+	if code != http.StatusOK || m == nil {
+		t.Fatalf("first page %d without a next link:\n%s", code, page)
+	}
+	link := html.UnescapeString(m[1])
+	for _, k := range keys {
+		if strings.Contains(link, hex.EncodeToString([]byte(k))) || strings.Contains(link, k) {
+			t.Fatalf("the next-page link %q holds the key %s", link, k)
+		}
+	}
+	code, second := b.get(t, link)
+	if code != http.StatusOK || !strings.Contains(second, fmt.Sprintf("/tasks/%d", b.taskID(t, keys[59]))) {
+		t.Fatalf("the next-page link gave %d without the last task:\n%s", code, second)
+	}
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("after", "k:"+hex.EncodeToString([]byte(keys[10])))
+	if code, body := b.get(t, "/tasks?"+q.Encode()); code != http.StatusBadRequest || !strings.Contains(body, "start the search again") {
+		t.Fatalf("a hand-made cursor: %d, want 400:\n%s", code, body)
+	}
+	// The dead page's redirect counts show as numbers only.
+	code, dead := b.get(t, "/dead?replayed=0.+Database+compromised&failed=call+us")
+	if code != http.StatusOK || strings.Contains(dead, "compromised") || strings.Contains(dead, "call us") {
+		t.Fatalf("the dead page repeats the URL's words (%d):\n%s", code, dead)
+	}
+}
+
+// taskID reads the id of the task with key.
+func (b *consoleBundle) taskID(t *testing.T, key string) int64 {
+	t.Helper()
+	var id int64
+	if err := b.db.QueryRow("SELECT id FROM delay_task WHERE task_key = ?", key).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

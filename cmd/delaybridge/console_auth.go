@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -92,6 +94,53 @@ func newCSRF(now func() time.Time) (*csrf, error) {
 		return nil, fmt.Errorf("console: csrf key: %w", err)
 	}
 	return &csrf{key: key, now: now}, nil
+}
+
+// sealCursor encrypts a search cursor for a "next page" link: a cursor
+// carries the last key of its page, and a link holding a task's key would
+// leave it in the page, the browser's history and a proxy's access log,
+// when the console never shows a key unasked. Sealed with this process's
+// key, a link outlives neither a restart nor an alteration.
+func (c *csrf) sealCursor(cursor string) string {
+	aead := c.cursorAEAD()
+	nonce := make([]byte, aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return base64.RawURLEncoding.EncodeToString(aead.Seal(nonce, nonce, []byte(cursor), []byte("delaybridge-console-cursor")))
+}
+
+// errStaleCursor answers a page link sealCursor did not make.
+var errStaleCursor = errors.New("this page link was made by an earlier run of the console or was altered: start the search again from its first page")
+
+// openCursor returns the cursor sealCursor sealed in s.
+func (c *csrf) openCursor(s string) (string, error) {
+	aead := c.cursorAEAD()
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) < aead.NonceSize() {
+		return "", errStaleCursor
+	}
+	plain, err := aead.Open(nil, b[:aead.NonceSize()], b[aead.NonceSize():], []byte("delaybridge-console-cursor"))
+	if err != nil {
+		return "", errStaleCursor
+	}
+	return string(plain), nil
+}
+
+// cursorAEAD is AES-256-GCM under a key derived from the CSRF key, so the
+// two uses never share one.
+func (c *csrf) cursorAEAD() cipher.AEAD {
+	m := hmac.New(sha256.New, c.key)
+	m.Write([]byte("delaybridge-console-cursor-key"))
+	block, err := aes.NewCipher(m.Sum(nil))
+	if err != nil {
+		panic(err) // a 32-byte key is always valid
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return aead
 }
 
 func (c *csrf) mac(user string, ts int64) string {

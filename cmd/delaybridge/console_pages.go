@@ -393,8 +393,14 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 	now := c.now()
 	q := r.URL.Query()
 	d := &tasksData{Now: now, Form: q, States: outbox.States}
-	s := outbox.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state")), After: q.Get("after")}
-	if s.DueFrom, err = parseWindowEdge(q.Get("from"), now); err == nil {
+	s := outbox.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state"))}
+	if after := q.Get("after"); after != "" {
+		s.After, err = c.csrf.openCursor(after)
+	}
+	if err == nil {
+		s.DueFrom, err = parseWindowEdge(q.Get("from"), now)
+	}
+	if err == nil {
 		s.DueTo, err = parseWindowEdge(q.Get("to"), now)
 	}
 	if err == nil && s.Topic != "" {
@@ -421,7 +427,7 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 		for k, v := range q {
 			next[k] = v
 		}
-		next.Set("after", page.Next)
+		next.Set("after", c.csrf.sealCursor(page.Next))
 		if sh.name != "" {
 			next.Set("shard", sh.name)
 		}
@@ -745,7 +751,14 @@ func (c *console) dead(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	page, err := outbox.Search(ctx, sh.db, outbox.SearchQuery{State: outbox.StateDead, After: r.URL.Query().Get("after"), Limit: 100})
+	var after string
+	if a := r.URL.Query().Get("after"); a != "" {
+		if after, err = c.csrf.openCursor(a); err != nil {
+			c.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+	}
+	page, err := outbox.Search(ctx, sh.db, outbox.SearchQuery{State: outbox.StateDead, After: after, Limit: 100})
 	if errors.Is(err, outbox.ErrBadSearch) {
 		c.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -761,13 +774,15 @@ func (c *console) dead(w http.ResponseWriter, r *http.Request) {
 	}
 	d := &deadData{Now: c.now(), Dead: st.Dead, Shard: sh.name, Page: page}
 	if page.Next != "" {
-		d.Next = withShard("/dead?"+url.Values{"after": {page.Next}}.Encode(), sh.name)
+		d.Next = withShard("/dead?"+url.Values{"after": {c.csrf.sealCursor(page.Next)}}.Encode(), sh.name)
 	}
 	v := view{Title: "Dead tasks", Shard: sh.name, Data: d}
-	if n := r.URL.Query().Get("replayed"); n != "" {
-		v.Flash = "Replayed " + n + " task(s): pending again."
-		if f := r.URL.Query().Get("failed"); f != "" && f != "0" {
-			v.Error = f + " task(s) could not be replayed (no longer dead); see the console's log."
+	// The counts come back in the redirect's URL: only numbers are shown,
+	// so a crafted link cannot put its own words in the console's banner.
+	if n, err := strconv.Atoi(r.URL.Query().Get("replayed")); err == nil && n >= 0 {
+		v.Flash = fmt.Sprintf("Replayed %d task(s): pending again.", n)
+		if f, err := strconv.Atoi(r.URL.Query().Get("failed")); err == nil && f > 0 {
+			v.Error = fmt.Sprintf("%d task(s) could not be replayed (no longer dead); see the console's log.", f)
 		}
 	}
 	c.render(w, r, "dead", http.StatusOK, v)

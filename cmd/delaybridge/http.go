@@ -21,6 +21,11 @@ const (
 	// flight and its own outbox query (5 s each), /readyz for a database
 	// ping and a broker dial (3 s each).
 	httpWriteTimeout = 30 * time.Second
+	// httpReadTimeout bounds reading one whole request, its body too: a
+	// client that sends headers announcing a body and then nothing would
+	// otherwise hold its connection while the server drains that body
+	// after answering (a refused login, say).
+	httpReadTimeout = 30 * time.Second
 	// httpIdleTimeout closes a keep-alive connection left idle this long.
 	httpIdleTimeout = 60 * time.Second
 	// httpMaxConns caps the open connections; further clients wait in the
@@ -48,6 +53,7 @@ func newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
 	}

@@ -145,8 +145,11 @@ func TestListenHTTP_WarnsOnlyBeyondLoopback(t *testing.T) {
 
 func TestNewHTTPServer_BoundsEveryPhaseOfAConnection(t *testing.T) {
 	srv := newHTTPServer(nil)
-	if srv.ReadHeaderTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 {
-		t.Fatalf("timeouts: read header %v, write %v, idle %v; want all set", srv.ReadHeaderTimeout, srv.WriteTimeout, srv.IdleTimeout)
+	// ReadTimeout too: without it a client that announces a body and sends
+	// none holds its connection while the server drains the body after
+	// answering (a refused login), and 32 such clients lock everyone out.
+	if srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 {
+		t.Fatalf("timeouts: read header %v, read %v, write %v, idle %v; want all set", srv.ReadHeaderTimeout, srv.ReadTimeout, srv.WriteTimeout, srv.IdleTimeout)
 	}
 	if srv.WriteTimeout < 2*5*time.Second {
 		t.Fatalf("write timeout %v is shorter than a scrape that waits for another", srv.WriteTimeout)
