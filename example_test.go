@@ -3,6 +3,7 @@ package delaybridge_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -45,7 +46,11 @@ func Example() {
 	defer client.Stop(ctx)
 
 	// Two orders, each cancelled one second after it was placed unless paid.
-	for _, id := range []string{"order-1", "order-2"} {
+	// Their ids are new on every run, as a real order's are: a (topic, key)
+	// has one task until the cleaner deletes it.
+	run := time.Now().UnixNano()
+	order1, order2 := fmt.Sprintf("order-1-%d", run), fmt.Sprintf("order-2-%d", run)
+	for _, id := range []string{order1, order2} {
 		err := inTx(ctx, db, func(tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
 				return err
@@ -57,12 +62,16 @@ func Example() {
 			log.Fatal(err)
 		}
 	}
-	// order-1 is paid in time: lock its task first, then the order.
+	// order-1 is paid in time: lock its task first, then the order. Had its
+	// handler run already, Cancel would return outbox.ErrFinished: the
+	// order is cancelled, and the payment is refused (rolled back here).
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		if err := client.Cancel(ctx, tx, "order-cancel", "order-1"); err != nil {
+		if err := client.Cancel(ctx, tx, "order-cancel", order1); errors.Is(err, outbox.ErrFinished) {
+			return fmt.Errorf("order %s: too late, its timeout cancelled it", order1)
+		} else if err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", "order-1")
+		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", order1)
 		return err
 	})
 	if err != nil {
@@ -70,7 +79,7 @@ func Example() {
 	}
 	// order-2 is not: its handler cancels it once due.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		info, err := client.Get(ctx, db, "order-cancel", "order-2")
+		info, err := client.Get(ctx, db, "order-cancel", order2)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -78,12 +87,12 @@ func Example() {
 			break
 		}
 	}
-	for _, id := range []string{"order-1", "order-2"} {
+	for i, id := range []string{order1, order2} {
 		var status string
 		if err := db.QueryRowContext(ctx, "SELECT status FROM orders WHERE id = ?", id).Scan(&status); err != nil {
 			log.Fatal(err)
 		}
-		fmt.Println(id, status)
+		fmt.Printf("order-%d %s\n", i+1, status)
 	}
 	// Output:
 	// order-1 PAID

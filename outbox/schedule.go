@@ -52,7 +52,9 @@ func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 // A (topic, key) that already has a task, in any state, returns
 // ErrDuplicate and changes nothing, even when the new task is identical: a
 // second Schedule for the same order is a bug or a retry the caller should
-// see. Use Reschedule to move a task.
+// see. Use Reschedule to move a task that is not finished; a finished one
+// keeps its (topic, key) until the cleaner deletes its row, so something
+// that recurs takes a key per occurrence.
 func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
 	if err := o.cfg.validate(&t); err != nil {
 		return 0, err

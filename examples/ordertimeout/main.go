@@ -154,8 +154,9 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 		errs = append(errs, err)
 	}
 	// Every fourth order is paid at once, every fourth after its cancel
-	// time (that payment must lose: the order is cancelled or shown
-	// EXPIRED); the other half are never paid.
+	// time (that payment must be refused: the order is cancelled or shown
+	// EXPIRED, and orders.Service.Pay checks outbox.Overdue first); the
+	// other half are never paid.
 	for i, id := range ids {
 		switch i % 4 {
 		case 0:
@@ -238,6 +239,9 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 	}
 	if r.Paid != paid+late || r.Paid+r.Cancelled != r.Orders {
 		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.Paid, paid+late, r.Paid+r.Cancelled, r.Orders))
+	}
+	if late != 0 {
+		broken = append(broken, fmt.Errorf("%d payments after the cancel time went through", late))
 	}
 	if len(shownStale) > 0 {
 		broken = append(broken, fmt.Errorf("%d reads showed UNPAID after the cancel time (first %s)", len(shownStale), shownStale[0]))

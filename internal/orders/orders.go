@@ -99,13 +99,19 @@ func (s *Service) CreateOrder(ctx context.Context, id, sku string, qty int) erro
 // Pay marks an unpaid order paid and cancels its timeout task, in one
 // transaction. It takes the task's lock before the order's, the order Handle
 // takes them in, so pay and timeout never deadlock. It reports false when
-// the timeout won the race (the order is already cancelled).
+// the timeout won the race (the order is already cancelled) or the cancel
+// time has passed: the lazy check shows such an order EXPIRED already, so a
+// payment must not revive it, even before the cancellation ran
+// (outbox.Cancel alone lets a payment win until the handler commits).
 func (s *Service) Pay(ctx context.Context, id string) (bool, error) {
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if late, err := outbox.Overdue(ctx, tx, s.topic(), id); err != nil || late {
+		return false, err
+	}
 	if err := outbox.Cancel(ctx, tx, s.topic(), id); errors.Is(err, outbox.ErrFinished) {
 		return false, nil
 	} else if err != nil {

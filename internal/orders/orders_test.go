@@ -16,6 +16,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/internal/orders"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -183,5 +184,42 @@ func TestOrderTimeout_ScannerBusinessSourceCancelsOrdersWithoutATask(t *testing.
 	}
 	if r.Cancelled != 1 || !r.StockOK || r.CancelledBy["scanner"] != 1 {
 		t.Fatalf("report %+v", r)
+	}
+}
+
+// A payment after the cancel time is refused even when the cancellation
+// has not run yet (no consumer here): the lazy check shows the order
+// expired from its cancel time on, and a payment must not revive it. One
+// in time goes through.
+func TestPay_RefusesAPaymentAfterTheCancelTime(t *testing.T) {
+	db, _ := testenv.ScratchDB(t)
+	ctx := context.Background()
+	if _, err := outbox.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	svc := &orders.Service{DB: db, Timeout: 300 * time.Millisecond}
+	if err := svc.Setup(ctx, []string{"sku"}, 10); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"in-time", "late"} {
+		if err := svc.CreateOrder(ctx, id, "sku", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := svc.Pay(ctx, "in-time"); err != nil || !ok {
+		t.Fatalf("Pay before the cancel time = %v, %v; want it paid", ok, err)
+	}
+	if !testutil.Eventually(10*time.Second, 20*time.Millisecond, func() bool {
+		late, err := outbox.Overdue(ctx, db, orders.Topic, "late")
+		return err == nil && late
+	}) {
+		t.Fatal("the late order's task never came due")
+	}
+	if ok, err := svc.Pay(ctx, "late"); err != nil || ok {
+		t.Fatalf("Pay after the cancel time = %v, %v; want it refused", ok, err)
+	}
+	var status string
+	if err := db.QueryRow("SELECT status FROM demo_orders WHERE id = 'late'").Scan(&status); err != nil || status != "UNPAID" {
+		t.Fatalf("the late order is %q (%v); want it left UNPAID for its cancellation", status, err)
 	}
 }
