@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead)."},
 			[]string{"topic", "outcome", "reason"}),
 		groups: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
-			Help:    "Messages one group-commit transaction handled (groups of two or more; a lone due message runs on its own).",
+			Help:    "Messages of the topic one committed group-commit transaction handled (a group holds two or more messages, of any topics; a lone due message runs on its own).",
 			Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"}),
 	}
 	for _, c := range []prometheus.Collector{m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business,

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -156,5 +157,99 @@ func TestConsumer_EarlyDeliveryDuringCloseIsGivenBackNotHeld(t *testing.T) {
 	case k := <-ran:
 		t.Fatalf("handled %q during Close", k)
 	default:
+	}
+}
+
+// topicSub hands each topic its own channel.
+type topicSub map[string]chan *broker.Delivery
+
+func (s topicSub) Subscribe(_ context.Context, topic string) (<-chan *broker.Delivery, error) {
+	return s[topic], nil
+}
+
+// A group takes what is due whatever its topic, and Hooks.Grouped tells
+// each topic how many of its messages the transaction committed; a group
+// that failed whole committed nothing and is not reported.
+func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		sub := topicSub{"a": make(chan *broker.Delivery, 8), "b": make(chan *broker.Delivery, 8)}
+		pub := memory.New(memory.Config{})
+		t.Cleanup(func() { _ = pub.Close() })
+		gateIn, gate := make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		inGroups := map[string]int{} // topic → messages the group handler got
+		reported := map[string]int{} // topic → what Grouped said
+		mixed := false
+		c, err := broker.NewConsumer(sub, pub, func(ctx context.Context, m *broker.Message) error {
+			if m.Key == "gate" {
+				close(gateIn)
+				<-gate
+			}
+			return nil
+		}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 1,
+			Group: func(_ context.Context, msgs []*broker.Message) ([]error, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				seen := map[string]bool{}
+				for _, m := range msgs {
+					inGroups[m.Topic]++
+					seen[m.Topic] = true
+				}
+				mixed = mixed || len(seen) > 1
+				if fail {
+					return nil, errors.New("the group's transaction failed")
+				}
+				return make([]error, len(msgs)), nil
+			},
+			Hooks: broker.Hooks{Grouped: func(topic string, n int, _ time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				reported[topic] += n
+			}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background(), "a", "b"); err != nil {
+			t.Fatal(err)
+		}
+		settled := make(chan string, 16)
+		deliver := func(topic, key string) {
+			sub[topic] <- &broker.Delivery{Message: &broker.Message{Topic: topic, Key: key, DeliverAt: broker.MillisUTC(time.Now())},
+				Acker: keyedAcker{key: key, settled: settled}}
+		}
+		deliver("a", "gate")
+		<-gateIn
+		deliver("a", "a1")
+		deliver("a", "a2")
+		deliver("b", "b1")
+		eventually(t, "the deliveries queued", func() bool { return len(sub["a"]) == 0 && len(sub["b"]) == 0 })
+		time.Sleep(50 * time.Millisecond) // the dispatchers hand the last ones on
+		close(gate)
+		for range 4 {
+			select {
+			case <-settled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("not every delivery was settled")
+			}
+		}
+		close(sub["a"])
+		close(sub["b"])
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		if !mixed {
+			mu.Unlock()
+			t.Fatalf("fail=%v: no group held both topics (groups got %v): the test proves nothing", fail, inGroups)
+		}
+		want := inGroups
+		if fail {
+			want = map[string]int{}
+		}
+		if !maps.Equal(reported, want) {
+			t.Errorf("fail=%v: Grouped reported %v, want %v (what the committed groups held)", fail, reported, want)
+		}
+		mu.Unlock()
 	}
 }

@@ -371,8 +371,14 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 		return err
 	})
-	if c.cfg.Hooks.Grouped != nil {
-		c.cfg.Hooks.Grouped(batch[0].topic, len(batch), time.Since(start))
+	if c.cfg.Hooks.Grouped != nil && err == nil {
+		// A group takes whatever is due, of any topic: each topic is told
+		// how many of its messages the transaction committed. A group that
+		// failed whole committed none; its messages run one at a time.
+		took := time.Since(start)
+		for _, tc := range topicCounts(batch) {
+			c.cfg.Hooks.Grouped(tc.topic, tc.n, took)
+		}
 	}
 	if err != nil {
 		if c.hardCtx.Err() != nil {
@@ -390,6 +396,29 @@ func (c *Consumer) processGroup(batch []job) {
 	for i, j := range batch {
 		c.settle(j, errs[i], now.Sub(j.d.Message.DeliverAt))
 	}
+}
+
+// topicCount is how many messages of a group one topic had.
+type topicCount struct {
+	topic string
+	n     int
+}
+
+// topicCounts counts batch's messages by topic, topics in the order they
+// first appear.
+func topicCounts(batch []job) []topicCount {
+	var out []topicCount
+next:
+	for _, j := range batch {
+		for i := range out {
+			if out[i].topic == j.topic {
+				out[i].n++
+				continue next
+			}
+		}
+		out = append(out, topicCount{topic: j.topic, n: 1})
+	}
+	return out
 }
 
 // process settles one delivery: dead, hop, wait, or run the handler.

@@ -38,12 +38,16 @@ type Hooks struct {
 	Retried func(topic string, attempt int)
 	// Dead is called after a message was handed to the dead letter.
 	Dead func(topic string, reason error)
-	// Grouped is called after each call of the GroupHandler, with how
-	// many messages it took and how long it ran: how well the group commit
-	// amortises its transaction under the load at hand.
+	// Grouped is called after each call of the GroupHandler that
+	// committed, once per topic of the group, with how many of that
+	// topic's messages it took and how long the whole group ran: how well
+	// the group commit amortises its transaction under the load at hand. A
+	// group takes the messages due together whatever their topic; one that
+	// failed whole (its messages then run one at a time) is not reported.
 	Grouped func(topic string, size int, took time.Duration)
 	// Stuck is called when a handler is abandoned because it ran
-	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace).
+	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace);
+	// for a group, with the topic of its first message.
 	Stuck func(topic string)
 }
 
