@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		relayPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_published_total", Help: "Tasks the relay published and marked published."}),
 		relayFailed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_failed_total", Help: "Task publishes that failed transiently and will be retried."}),
-		relayDead:      prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_dead_total", Help: "Tasks the broker rejected for good."}),
+		relayDead:      prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_dead_total", Help: "Tasks the relay marked dead: the broker rejected them for good, or no broker could carry the row (invalid)."}),
 		relayLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delaybridge_relay_publish_seconds", Help: "Time to publish one relay batch and receive its confirms.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		rescued:  prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_scanner_rescued_total", Help: "Overdue published tasks the scanner published again."}),

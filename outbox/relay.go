@@ -98,8 +98,10 @@ type RelayConfig struct {
 
 // RelayHooks are called after each claim, for metrics.
 type RelayHooks struct {
-	// Published reports messages the broker confirmed and how long their
-	// publish took.
+	// Published reports messages the broker confirmed and the relay
+	// recorded as published, and how long their publish took. A message
+	// whose row could not be marked is published again once its lease
+	// expires, and reported then.
 	Published func(n int, took time.Duration)
 	// Failed reports rows whose publish failed transiently.
 	Failed func(n int)
@@ -539,12 +541,14 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	stamp := r.cfg.Now().UnixMilli()
 	// A row a consumer finished (or a payment cancelled) before the mark
 	// stays as they left it; the broker confirmed its message all the same.
+	marked := false // the confirmed rows are recorded: not to be published again
 	ok, failed, dead, rerr := store.Record(ctx, r.db, batch, results, store.Outcome{
 		Owner: owner, From: store.Pending, Stamp: stamp, Stopping: stopping,
 		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
 			if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {
 				return fmt.Errorf("mark published: %w", err)
 			}
+			marked = true
 			return nil
 		},
 		RetryInitial: r.cfg.RetryInitial, RetryMax: r.cfg.RetryMax,
@@ -562,7 +566,9 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 			r.cfg.Hooks.Dead(len(dead))
 		}
 	}
-	if len(ok) > 0 && r.cfg.Hooks.Published != nil {
+	// Rows whose mark failed keep their lease and are published again when
+	// it expires: they are counted then, once.
+	if marked && r.cfg.Hooks.Published != nil {
 		r.cfg.Hooks.Published(len(ok), took)
 	}
 	if rerr != nil {

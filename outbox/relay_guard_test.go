@@ -199,3 +199,32 @@ func TestRelay_ARetryBeforeTheResumePointGoesOutOnceTheLoopsCatchUp(t *testing.T
 		t.Fatalf("a: %d publish attempts, want 2 (the failure, then the publish)", info.PublishAttempts)
 	}
 }
+
+// A confirmed publish whose row cannot be marked published is not counted:
+// the row keeps its lease and goes out again once it expires, and is
+// counted then, so the published count never counts a task twice.
+func TestRelay_APublishItCouldNotRecordIsNotCountedPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.schedule(t, outbox.Task{Topic: "unmarked", Key: "k", DueAt: time.Now()})
+	// The database refuses the mark (a lost connection or a full disk, in
+	// life): a trigger fails every update to state published.
+	if _, err := b.db.ExecContext(b.ctx, `CREATE TRIGGER refuse_published BEFORE UPDATE ON delay_task FOR EACH ROW
+BEGIN IF NEW.state = 'published' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; END IF; END`); err != nil {
+		t.Fatal(err)
+	}
+	var published int
+	r := newRelay(t, b, instantPublisher{}, outbox.RelayConfig{Hooks: outbox.RelayHooks{Published: func(n int, _ time.Duration) { published += n }}})
+	if _, err := r.Once(b.ctx); err == nil {
+		t.Fatal("Once reported no error though the mark failed")
+	}
+	if published != 0 {
+		t.Fatalf("Published reported %d for a row it could not mark", published)
+	}
+	if _, err := b.db.ExecContext(b.ctx, "DROP TRIGGER refuse_published"); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, "task_key = 'k' AND state = 'pending' AND lease_owner <> 0"); n != 1 {
+		t.Fatalf("%d rows still leased pending; want the unmarked row kept for its lease to expire", n)
+	}
+}
