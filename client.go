@@ -135,7 +135,8 @@ func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
 // RocketMQ with RocketCreateTopics it first creates the topics, their
 // retry topics and the dead-letter topic. A Client without handlers,
 // relay or scanner has nothing to start and returns nil. When Start fails
-// it leaves nothing running.
+// it leaves nothing running. ctx bounds the start only: what Start starts
+// runs until Stop, whatever becomes of ctx.
 func (c *Client) Start(ctx context.Context) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -159,15 +160,7 @@ func (c *Client) Start(ctx context.Context) (err error) {
 	// stopped again, the presence record withdrawn.
 	defer func() {
 		if err != nil {
-			if c.consumer != nil {
-				_ = c.consumer.Close(context.Background())
-				c.consumer = nil
-			}
-			if c.presence != nil {
-				_ = c.presence.Close(context.Background())
-				c.presence = nil
-			}
-			c.stopBackground()
+			c.undoStart()
 			conn.Close()
 		}
 	}()
@@ -256,20 +249,66 @@ func (c *Client) startBackground(conn *Connection) error {
 	return nil
 }
 
-// stopBackground stops the relay and the scanner and waits for them.
-func (c *Client) stopBackground() {
-	if c.stopBg != nil {
-		c.stopBg()
-		c.bg.Wait()
-		c.stopBg = nil
+// stopBackground stops the relay and the scanner and waits for them until
+// ctx is done: the relay ends after its batch in flight, the scanner after
+// its pass, but a business source's Query or Handle is the caller's code.
+func (c *Client) stopBackground(ctx context.Context) error {
+	if c.stopBg == nil {
+		return nil
 	}
+	c.stopBg()
+	c.stopBg = nil
+	done := make(chan struct{})
+	go func() { c.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	// An idle relay or scanner ends within moments of its cancel, which a
+	// ctx done before Stop began gave it no time for.
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("delaybridge: stop: the relay or the scanner is still running: %w", ctx.Err())
+	}
+}
+
+// cleanupTimeout bounds each step of undoing a failed Start, which runs
+// under the Client's lock: a handler that ignores its context must not
+// hold Start, and every Stop and Handle behind it, forever.
+const cleanupTimeout = 10 * time.Second
+
+// undoStart stops what a failed Start had started, each step bounded by
+// cleanupTimeout.
+func (c *Client) undoStart() {
+	bounded := func(f func(context.Context)) {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		f(ctx)
+	}
+	if c.consumer != nil {
+		bounded(func(ctx context.Context) { _ = c.consumer.Close(ctx) })
+		c.consumer = nil
+	}
+	if c.presence != nil {
+		bounded(func(ctx context.Context) { _ = c.presence.Close(ctx) })
+		c.presence = nil
+	}
+	bounded(func(ctx context.Context) { _ = c.stopBackground(ctx) })
 }
 
 // Stop drains: the relay and scanner finish their batch, the consumer
 // stops taking messages and waits for running handlers until ctx is done
-// (deliveries not acked are redelivered later), then the broker
-// connection closes. A stopped Client cannot start again; Schedule and
-// friends keep working.
+// (deliveries not acked are redelivered later), the consumer's presence
+// record is withdrawn, then the broker connection closes. ctx bounds the
+// waiting: pass one with a timeout (a context already cancelled, such as
+// the signal context that ended the service, stops at once: running
+// handlers are cancelled, and an idle Client stops cleanly). A stopped
+// Client cannot start again; Schedule and friends keep working.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -277,16 +316,21 @@ func (c *Client) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
-	c.stopBackground()
-	var err error
+	errs := []error{c.stopBackground(ctx)}
 	if c.consumer != nil {
-		err = c.consumer.Close(ctx)
+		errs = append(errs, c.consumer.Close(ctx))
 	}
 	if c.presence != nil {
-		_ = c.presence.Close(context.WithoutCancel(ctx))
+		// Bounded on its own: a database gone at shutdown must not hold
+		// Stop, and the record expires anyway.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := c.presence.Close(pctx); err != nil {
+			c.cfg.Logger.Warn("delaybridge: withdrawing the consumer's presence failed; it expires on its own", "err", err)
+		}
+		cancel()
 	}
 	if c.conn != nil {
 		c.conn.Close()
 	}
-	return err
+	return errors.Join(errs...)
 }

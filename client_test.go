@@ -14,6 +14,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // clientBundle is what a Client test on the real services needs.
@@ -215,5 +216,68 @@ func TestClient_AFailedStartWithdrawsItsPresence(t *testing.T) {
 	}
 	if len(live) != 0 {
 		t.Fatalf("after a failed Start, %d live presence records: %+v", len(live), live)
+	}
+}
+
+// Stop with the context that ended the service (cancelled already) stops
+// an idle Client cleanly; and Stop's context bounds it even when a
+// scanner's business source ignores its own context.
+func TestClient_StopIsBoundedByItsContext(t *testing.T) {
+	b := setup(t)
+	noop := func(context.Context, *sql.Tx, *broker.Message) error { return nil }
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle("idle-stop", noop); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	ended, cancel := context.WithCancel(b.ctx)
+	cancel()
+	if err := c.Stop(ended); err != nil {
+		t.Fatalf("Stop of an idle Client with a cancelled context = %v, want nil", err)
+	}
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	cfg := b.cfg
+	cfg.Relay = nil
+	cfg.Scanner = &scanner.Config{Business: &scanner.Business{Name: "stubborn", Every: 10 * time.Millisecond,
+		Query: func(ctx context.Context, db *sql.DB, limit int) ([]string, error) {
+			select {
+			case <-entered:
+			default:
+				close(entered)
+			}
+			<-release // ignores ctx
+			return nil, nil
+		},
+		Handle: func(context.Context, string) error { return nil }}}
+	stubborn, err := delaybridge.NewClient(b.db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the business source never ran")
+	}
+	ctx, cancel2 := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel2()
+	stopped := make(chan error, 1)
+	go func() { stopped <- stubborn.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop with a business source that ignores its context = %v, want the deadline", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop waited on a business source past its context")
 	}
 }

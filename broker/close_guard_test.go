@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
 )
@@ -251,5 +253,66 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 			t.Errorf("fail=%v: Grouped reported %v, want %v (what the committed groups held)", fail, reported, want)
 		}
 		mu.Unlock()
+	}
+}
+
+// A consumer with no handler running stops cleanly even when Close's
+// context is done already (the signal context that ended a service), and
+// leaves no goroutine behind.
+func TestConsumer_CloseWithADoneContextStopsAnIdleConsumerCleanly(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	b := memory.New(memory.Config{})
+	defer b.Close()
+	c, err := broker.NewConsumer(b, b, func(context.Context, *broker.Message) error { return nil }, broker.ConsumerConfig{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Close(done); err != nil {
+		t.Fatalf("Close of an idle consumer with a done context = %v, want nil", err)
+	}
+}
+
+// blockingSub's Subscribe waits for release, as a broker slow to assign
+// queues does.
+type blockingSub struct {
+	entered, release chan struct{}
+}
+
+func (s blockingSub) Subscribe(ctx context.Context, _ string) (<-chan *broker.Delivery, error) {
+	close(s.entered)
+	<-s.release
+	ch := make(chan *broker.Delivery)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch, nil
+}
+
+// A Close that runs while Start is still subscribing makes that Start
+// fail with ErrClosed: it must not start workers nobody waits for, nor
+// report a closed consumer as started.
+func TestConsumer_StartRacingCloseReturnsErrClosed(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	sub := blockingSub{entered: make(chan struct{}), release: make(chan struct{})}
+	pub := memory.New(memory.Config{})
+	defer pub.Close()
+	c, err := broker.NewConsumer(sub, pub, func(context.Context, *broker.Message) error { return nil }, broker.ConsumerConfig{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- c.Start(context.Background(), "a") }()
+	<-sub.entered
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close during Start = %v", err)
+	}
+	close(sub.release)
+	if err := <-started; !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("Start that a Close overtook = %v, want ErrClosed", err)
 	}
 }

@@ -31,7 +31,8 @@ type Consumer struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	stuck atomic.Int64 // abandoned handlers still running
+	stuck   atomic.Int64 // abandoned handlers still running
+	running atomic.Int64 // handler (and group handler) calls not yet returned
 
 	mu       sync.Mutex
 	started  bool
@@ -115,14 +116,22 @@ func (c *Consumer) Start(ctx context.Context, topics ...string) error {
 		}
 		chans[i] = ch
 	}
+	// A Close that ran while this Start subscribed found nothing to wait
+	// for: counted under the lock Close sets closed under, the goroutines
+	// start only if Close will wait for them.
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.stopSub()
+		return ErrClosed
+	}
+	c.wg.Add(c.cfg.Concurrency + 1 + len(chans))
+	c.mu.Unlock()
 	for i := 0; i < c.cfg.Concurrency; i++ {
-		c.wg.Add(1)
 		go c.worker()
 	}
-	c.wg.Add(1)
 	go c.releaseHeld()
 	for i, ch := range chans {
-		c.wg.Add(1)
 		go c.dispatch(topics[i], ch)
 	}
 	return nil
@@ -131,8 +140,9 @@ func (c *Consumer) Start(ctx context.Context, topics ...string) error {
 // Close stops taking messages, gives back the ones held in memory, and waits
 // for running handlers, abandoned ones included, until ctx is done. Then it
 // cancels the handlers' context and returns ctx's error; their deliveries
-// are given back when they return or are abandoned. Messages not acked are
-// redelivered by the broker.
+// are given back when they return or are abandoned. With no handler
+// running, a ctx already done still lets the consumer stop cleanly (nil).
+// Messages not acked are redelivered by the broker.
 func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -148,10 +158,28 @@ func (c *Consumer) Close(ctx context.Context) error {
 		c.stopHard()
 		return nil
 	case <-ctx.Done():
+	}
+	if c.running.Load() > 0 {
 		c.stopHard()
 		return fmt.Errorf("broker: consumer close: handlers still running: %w", ctx.Err())
 	}
+	// No handler runs: the workers and dispatchers only have to notice the
+	// stop, which a ctx done before Close began gave them no time for.
+	t := time.NewTimer(closeIdleWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		c.stopHard()
+		return nil
+	case <-t.C:
+		c.stopHard()
+		return fmt.Errorf("broker: consumer close: still stopping: %w", ctx.Err())
+	}
 }
+
+// closeIdleWait is how long Close, its ctx done, waits for a consumer with
+// no handler running to stop.
+const closeIdleWait = time.Second
 
 // dispatch reads one subscription and hands each delivery to a worker, or
 // holds it first when it arrived a little early.

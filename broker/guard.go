@@ -24,8 +24,10 @@ func (c *Consumer) guard(topic, what string, f func(ctx context.Context) error) 
 	var abandoned atomic.Bool
 	start := time.Now()
 	c.wg.Add(1)
+	c.running.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer c.running.Add(-1)
 		defer cancel()
 		err := func() (err error) {
 			defer func() {
