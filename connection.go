@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -73,7 +74,7 @@ func (c Config) openAdapter(ctx context.Context, withSub bool) (*Connection, err
 		if err != nil {
 			return nil, fmt.Errorf("rabbit %s: %w", rabbit.RedactURL(c.AMQPURL), redact.Scrub(err, c.AMQPURL))
 		}
-		conn := &Connection{Publisher: pub, close: func() { _ = pub.Close() }, ensure: func(context.Context, ...string) error { return nil }}
+		conn := &Connection{Publisher: pub, close: func() { c.closeLogged("publisher", pub) }, ensure: func(context.Context, ...string) error { return nil }}
 		if u, err := url.Parse(c.AMQPURL); err == nil {
 			port := u.Port()
 			if port == "" {
@@ -88,7 +89,7 @@ func (c Config) openAdapter(ctx context.Context, withSub bool) (*Connection, err
 				return nil, err
 			}
 			conn.Subscriber = sub
-			conn.close = func() { _ = sub.Close(); _ = pub.Close() }
+			conn.close = func() { c.closeLogged("subscriber", sub); c.closeLogged("publisher", pub) }
 		}
 		return conn, nil
 	case "rocket":
@@ -100,7 +101,7 @@ func (c Config) openAdapter(ctx context.Context, withSub bool) (*Connection, err
 		if err != nil {
 			return nil, fmt.Errorf("rocket %s: %w", c.RocketNameServers, redact.Scrub(err, c.RocketSecretKey))
 		}
-		conn := &Connection{Publisher: pub, close: func() { _ = pub.Close() }, Addr: cfg.NameServers[0]}
+		conn := &Connection{Publisher: pub, close: func() { c.closeLogged("publisher", pub) }, Addr: cfg.NameServers[0]}
 		var rsub *rocket.Subscriber
 		conn.ensure = func(ctx context.Context, topics ...string) error {
 			for _, t := range topics {
@@ -126,11 +127,24 @@ func (c Config) openAdapter(ctx context.Context, withSub bool) (*Connection, err
 			}
 			conn.Subscriber = sub
 			rsub = sub
-			conn.close = func() { _ = sub.Close(); _ = pub.Close() }
+			conn.close = func() { c.closeLogged("subscriber", sub); c.closeLogged("publisher", pub) }
 		}
 		return conn, nil
 	}
 	return nil, fmt.Errorf("--broker %q: want rabbit or rocket", c.Broker)
+}
+
+// closeLogged closes one client of a Connection, logging a failure: Close
+// has nowhere to return it, and a broker that refused a clean shutdown is
+// worth a line.
+func (c Config) closeLogged(what string, cl interface{ Close() error }) {
+	if err := cl.Close(); err != nil {
+		logger := c.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.Warn("delaybridge: closing the broker "+what+" failed", "broker", c.Broker, "err", err)
+	}
 }
 
 // MySQLConfig parses MySQLDSN and applies MySQLTLS. parseTime is on unless
