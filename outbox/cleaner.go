@@ -40,7 +40,8 @@ const DefaultCleanerDuty = 0.15
 // Defaults of the other CleanerConfig fields.
 const (
 	// DefaultRetention keeps finished tasks a week after their due time
-	// (delaybridge run --retention).
+	// and after they finished, whichever is later (delaybridge run
+	// --retention).
 	DefaultRetention = 7 * 24 * time.Hour
 	// DefaultCleanerBatchSize is the rows one DELETE removes. Fewer, larger
 	// batches with longer pauses between them slow the order transaction
@@ -83,8 +84,9 @@ func NewCleaner(db *sql.DB, cfg CleanerConfig) *Cleaner {
 	return &Cleaner{db: db, cfg: cfg}
 }
 
-// Once deletes every done or cancelled task due before now minus the
-// retention, one paced batch at a time, and returns how many it deleted.
+// Once deletes every done or cancelled task due, and finished, before now
+// minus the retention, one paced batch at a time, and returns how many it
+// deleted.
 func (c *Cleaner) Once(ctx context.Context) (int64, error) {
 	cutoff := c.cfg.Now().Add(-c.cfg.Retention).UnixMilli()
 	var total int64
@@ -122,8 +124,11 @@ func (c *Cleaner) batch(ctx context.Context, cutoff int64) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	res, err := tx.ExecContext(ctx, `DELETE FROM delay_task WHERE state IN ('done', 'cancelled') AND due_ms < ?
-ORDER BY state, due_ms LIMIT ?`, cutoff, c.cfg.BatchSize)
+	// Past the retention by its due time (the index's range) and by when it
+	// finished (updated_ms): a task replayed long after it was due, or
+	// handled after a long outage, is kept as long as any other.
+	res, err := tx.ExecContext(ctx, `DELETE FROM delay_task WHERE state IN ('done', 'cancelled') AND due_ms < ? AND updated_ms < ?
+ORDER BY state, due_ms LIMIT ?`, cutoff, cutoff, c.cfg.BatchSize)
 	if err != nil {
 		return 0, err
 	}

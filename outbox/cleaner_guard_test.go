@@ -28,7 +28,7 @@ func TestCleaner_RetentionCutsAtTheMillisecond(t *testing.T) {
 	for _, st := range []string{"pending", "published", "dead"} {
 		b.schedule(t, outbox.Task{Topic: st, Key: "a-year-ago", DueAt: now.AddDate(-1, 0, 0)})
 	}
-	if _, err := b.db.Exec("UPDATE delay_task SET state = topic"); err != nil {
+	if _, err := b.db.Exec("UPDATE delay_task SET state = topic, updated_ms = due_ms"); err != nil {
 		t.Fatal(err)
 	}
 	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Retention: retention, BatchSize: 1, Duty: 1, Logger: quiet(),
@@ -60,7 +60,7 @@ func TestCleaner_ZeroOrNegativeRetentionKeepsTheDefaultWeek(t *testing.T) {
 		} {
 			b.schedule(t, outbox.Task{Topic: "week", Key: key, DueAt: due})
 		}
-		if _, err := b.db.Exec("UPDATE delay_task SET state = 'done'"); err != nil {
+		if _, err := b.db.Exec("UPDATE delay_task SET state = 'done', updated_ms = due_ms"); err != nil {
 			t.Fatal(err)
 		}
 		n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Retention: retention, Logger: quiet()}).Once(b.ctx)
@@ -70,5 +70,30 @@ func TestCleaner_ZeroOrNegativeRetentionKeepsTheDefaultWeek(t *testing.T) {
 		if got := b.count(t, "task_key = 'eight-days-ago'"); got != 0 {
 			t.Fatalf("Retention %v: the task past the default week is left", retention)
 		}
+	}
+}
+
+// A task that finished long after it was due (replayed from dead a week
+// later, or handled after a long outage) is kept for the retention after
+// it finished, like any other: a late duplicate still finds it done, and
+// its key stays taken.
+func TestCleaner_KeepsATaskFinishedLateForItsRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now()
+	b.schedule(t, outbox.Task{Topic: "late", Key: "replayed", DueAt: now.Add(-8 * 24 * time.Hour)})
+	b.schedule(t, outbox.Task{Topic: "late", Key: "finished-long-ago", DueAt: now.Add(-8 * 24 * time.Hour)})
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE task_key = 'replayed'", now.UnixMilli(), now.UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done', done_ms = due_ms, updated_ms = due_ms WHERE task_key = 'finished-long-ago'"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{Logger: quiet()}).Once(b.ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Once = %d, %v; want only the task finished a week ago deleted", n, err)
+	}
+	if got := b.count(t, "task_key = 'replayed'"); got != 1 {
+		t.Fatal("the task finished a moment ago, due 8 days ago, was deleted")
 	}
 }

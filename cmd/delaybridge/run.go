@@ -188,7 +188,7 @@ back (up to --drain) and exits 0.`,
 	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
 	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
-	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "how long done and cancelled tasks are kept after their due time")
+	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "how long done and cancelled tasks are kept after their due time and after they finished, whichever is later")
 	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of its time the cleaner spends deleting; it pauses between batches for the rest, so order transactions keep their latency (1 = back to back)")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
