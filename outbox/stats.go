@@ -34,10 +34,13 @@ type Stats struct {
 	OldestPendingDue time.Time `json:"oldest_pending_due,omitzero"`
 	// Overdue counts published tasks past due by more than the grace used.
 	// It is counted live while at most overdueScan (10,000) published tasks
-	// are past due; beyond that ReadStats reports the summary's count, as
-	// of CountsAt and with the refresher's grace (or 10,000, a lower bound,
-	// when there is no summary).
+	// are past due; beyond that ReadStats reports the larger of what the
+	// first 10,000 held and the summary's count (as of CountsAt, with the
+	// refresher's grace): a lower bound without a summary.
 	Overdue int `json:"overdue"`
+	// overdueCapped is set when more published tasks were past due than
+	// the live count reads.
+	overdueCapped bool
 	// Dead counts dead tasks.
 	Dead int `json:"dead"`
 	// Lateness summarises done_ms − due_ms over the newest tasks due in the
@@ -139,11 +142,12 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 	if err := st.readLive(ctx, q, now, grace, window); err != nil {
 		return nil, err
 	}
-	if st.Overdue < 0 {
-		// Without a summary, what the bounded range saw is a lower bound.
-		st.Overdue = overdueScan
+	if st.overdueCapped {
+		// The bounded range saw only the first overdueScan published
+		// tasks past due: what it counted overdue among them is a lower
+		// bound, which the summary's count may raise.
 		if !st.CountsAt.IsZero() {
-			st.Overdue = max(overdueScan, summaryOverdue)
+			st.Overdue = max(st.Overdue, summaryOverdue)
 		}
 	}
 	return st, nil
@@ -162,7 +166,7 @@ func CountStats(ctx context.Context, q Querier, now time.Time, grace, window tim
 	if err := st.readLive(ctx, q, now, grace, window); err != nil {
 		return nil, err
 	}
-	if st.Overdue < 0 {
+	if st.overdueCapped {
 		if st.Overdue, err = countOverdue(ctx, q, now, grace); err != nil {
 			return nil, err
 		}
@@ -287,8 +291,9 @@ func (st *Stats) setCounts(counts map[State]map[string]int) {
 const overdueWhere = "published_ms < ? AND next_attempt_ms < ?"
 
 // readLive fills the figures that bounded index ranges give: the oldest
-// pending due time, the overdue count (-1 when more than overdueScan
-// published tasks are past due) and the lateness summary.
+// pending due time, the overdue count (of the first overdueScan published
+// tasks past due, overdueCapped set when there are more) and the lateness
+// summary.
 func (st *Stats) readLive(ctx context.Context, q Querier, now time.Time, grace, window time.Duration) error {
 	var oldest sql.NullInt64
 	if err := q.QueryRowContext(ctx, "SELECT MIN(due_ms) FROM delay_task WHERE state = 'pending'").Scan(&oldest); err != nil {
@@ -304,10 +309,7 @@ func (st *Stats) readLive(ctx context.Context, q Querier, now time.Time, grace, 
 		cutoff, cutoff, cutoff, overdueScan+1).Scan(&seen, &overdue); err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
-	st.Overdue = overdue
-	if seen > overdueScan {
-		st.Overdue = -1
-	}
+	st.Overdue, st.overdueCapped = overdue, seen > overdueScan
 	if window <= 0 {
 		return nil
 	}
