@@ -105,7 +105,9 @@ var ErrNotMigrated = errors.New("outbox: the database is not migrated to this ve
 func ReadStats(ctx context.Context, q Querier, now time.Time, grace, window time.Duration) (*Stats, error) {
 	st := &Stats{Backlog: map[State]map[string]int{}}
 	// One statement, so the counts and their time come from one refresh.
-	rows, err := q.QueryContext(ctx, `SELECT r.computed_ms, r.overdue, s.state, s.topic, s.tasks
+	// The summary's time is the database's clock, as is its age: hosts
+	// whose clocks differ agree on how old it is.
+	rows, err := q.QueryContext(ctx, `SELECT r.computed_ms, `+dbNowMS+`, r.overdue, s.state, s.topic, s.tasks
 FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`)
 	if err != nil {
 		var me *mysql.MySQLError
@@ -116,11 +118,12 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 	}
 	counts := map[State]map[string]int{}
 	summaryOverdue := 0
+	var dbNow int64
 	for rows.Next() {
 		var computed, overdue int64
 		var state, topic sql.NullString
 		var n sql.NullInt64
-		if err := rows.Scan(&computed, &overdue, &state, &topic, &n); err != nil {
+		if err := rows.Scan(&computed, &dbNow, &overdue, &state, &topic, &n); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("outbox: stats: read summary: %w", err)
 		}
@@ -137,7 +140,7 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 	}
 	if !st.CountsAt.IsZero() {
 		st.setCounts(counts)
-		st.CountsAge = now.Sub(st.CountsAt)
+		st.CountsAge = msTime(dbNow).Sub(st.CountsAt)
 	}
 	if err := st.readLive(ctx, q, now, grace, window); err != nil {
 		return nil, err
@@ -180,6 +183,10 @@ func CountStats(ctx context.Context, q Querier, now time.Time, grace, window tim
 // background, as StatsRefresher does, not on a request's path.
 func RefreshStats(ctx context.Context, db *sql.DB, grace time.Duration) error {
 	start := time.Now()
+	var computed int64 // when the count began, by the database's clock
+	if err := db.QueryRowContext(ctx, "SELECT "+dbNowMS).Scan(&computed); err != nil {
+		return fmt.Errorf("outbox: refresh stats: %w", err)
+	}
 	counts, err := countTasks(ctx, db)
 	if err != nil {
 		return err
@@ -221,7 +228,7 @@ func RefreshStats(ctx context.Context, db *sql.DB, grace time.Duration) error {
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO delay_task_stats_run (id, computed_ms, took_ms, overdue) VALUES (1, ?, ?, ?)
 ON DUPLICATE KEY UPDATE computed_ms = VALUES(computed_ms), took_ms = VALUES(took_ms), overdue = VALUES(overdue)`,
-		start.UnixMilli(), took.Milliseconds(), overdue); err != nil {
+		computed, took.Milliseconds(), overdue); err != nil {
 		return fmt.Errorf("outbox: refresh stats: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -364,8 +371,6 @@ type StatsRefresherConfig struct {
 	Grace time.Duration
 	// Logger receives the refresher's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
 }
 
 // StatsRefresher keeps the summary ReadStats reads up to date. Several
@@ -387,9 +392,6 @@ func NewStatsRefresher(db *sql.DB, cfg StatsRefresherConfig) *StatsRefresher {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
 	}
 	return &StatsRefresher{db: db, cfg: cfg}
 }
@@ -414,14 +416,16 @@ func (r *StatsRefresher) Once(ctx context.Context) (bool, error) {
 	}
 	defer conn.ExecContext(context.Background(), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // released with the connection anyway
 
-	var computed, took int64
-	err = conn.QueryRowContext(ctx, "SELECT computed_ms, took_ms FROM delay_task_stats_run WHERE id = 1").Scan(&computed, &took)
+	// Due by the database's clock, which wrote computed_ms: daemons whose
+	// clocks differ agree on when the next count is due.
+	var computed, took, dbNow int64
+	err = conn.QueryRowContext(ctx, "SELECT computed_ms, took_ms, "+dbNowMS+" FROM delay_task_stats_run WHERE id = 1").Scan(&computed, &took, &dbNow)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return false, fmt.Errorf("outbox: stats refresher: %w", err)
 	}
 	if err == nil {
 		wait := max(r.cfg.Interval, statsIdleFactor*time.Duration(took)*time.Millisecond)
-		if r.cfg.Now().Before(msTime(computed).Add(wait)) {
+		if msTime(dbNow).Before(msTime(computed).Add(wait)) {
 			return false, nil
 		}
 	}
