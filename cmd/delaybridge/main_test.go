@@ -187,18 +187,24 @@ func probe(t *testing.T, args ...string) (app, string) {
 	return *a, errb.String()
 }
 
-func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "delaybridge.conf")
-	if err := os.WriteFile(file, []byte("# comment\nlog-level = \"error\"\nmysql-dsn = file:file@tcp(127.0.0.1:1)/x\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// make test exports the local services' settings; start from none.
+// clearSettingsEnv unsets every DELAYBRIDGE_* variable for the test (make
+// test exports the local services' settings): it starts from none.
+func clearSettingsEnv(t *testing.T) {
+	t.Helper()
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
 			t.Setenv(k, "")
 			os.Unsetenv(k)
 		}
 	}
+}
+
+func TestConfig_FlagBeatsEnvironmentBeatsFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "delaybridge.conf")
+	if err := os.WriteFile(file, []byte("# comment\nlog-level = \"error\"\nmysql-dsn = file:file@tcp(127.0.0.1:1)/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clearSettingsEnv(t)
 	t.Setenv("DELAYBRIDGE_CONFIG", file)
 	if got := settingsAfter(t, nil); got.mysqlDSN != "file:file@tcp(127.0.0.1:1)/x" || got.logLevel != "error" {
 		t.Fatalf("file: dsn %q level %q", got.mysqlDSN, got.logLevel)
@@ -227,12 +233,7 @@ func TestConfig_OneFileServesEveryCommandAndATypoIsStillAnError(t *testing.T) {
 	if err := os.WriteFile(file, []byte(shared), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
-			t.Setenv(k, "")
-			os.Unsetenv(k)
-		}
-	}
+	clearSettingsEnv(t)
 	t.Setenv("DELAYBRIDGE_CONFIG", file)
 	if got := settingsAfter(t, nil); got.mysqlDSN != "file:file@tcp(127.0.0.1:1)/x" {
 		t.Fatalf("a command without broker flags read dsn %q from the shared file", got.mysqlDSN)
