@@ -157,8 +157,8 @@ func TestConsumer_DueBeyondMaxDelayGoesDead(t *testing.T) {
 
 func TestConsumer_HeldEarlyMessageDoesNotBlockDueOnes(t *testing.T) {
 	t.Parallel()
-	// The broker lets every hop out 800ms early; one worker only.
-	bd := setup(t, memory.Config{Limits: broker.Limits{Precision: time.Second}, Early: 800 * time.Millisecond})
+	// The broker lets every hop out 2.8 s early; one worker only.
+	bd := setup(t, memory.Config{Limits: broker.Limits{Precision: 3 * time.Second}, Early: 2800 * time.Millisecond})
 	var mu sync.Mutex
 	handled := map[string]time.Time{}
 	var order []string
@@ -169,7 +169,9 @@ func TestConsumer_HeldEarlyMessageDoesNotBlockDueOnes(t *testing.T) {
 		order = append(order, m.Key)
 		return nil
 	}, broker.ConsumerConfig{Concurrency: 1})
-	earlyDue := time.Now().Add(time.Second)
+	// Due in 3 s: the second publish below may be held up for seconds on
+	// a loaded box and still comes before it.
+	earlyDue := time.Now().Add(3 * time.Second)
 	bd.publish(t, "early", earlyDue)
 	time.Sleep(400 * time.Millisecond) // "early" is now held in memory
 	bd.publish(t, "due-now", time.Now())
@@ -475,7 +477,11 @@ func TestConsumer_GroupTakesEveryDueMessageWaiting(t *testing.T) {
 	for i := range 30 {
 		bd.publish(t, "k"+string(rune('a'+i)), time.Now())
 	}
-	time.Sleep(200 * time.Millisecond) // let the subscriber hand them all over
+	// The broker has handed all 31 to the subscription, then a moment for
+	// the subscription's hand-over to the consumer's queue (a loaded box
+	// can take far longer than a sleep allows over the whole way).
+	eventually(t, "all 31 delivered", func() bool { return bd.b.Stats().Delivered >= 31 })
+	time.Sleep(200 * time.Millisecond)
 	close(release)
 	eventually(t, "all 31 handled", func() bool { mu.Lock(); defer mu.Unlock(); return handled == 31 })
 	mu.Lock()

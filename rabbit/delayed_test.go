@@ -109,6 +109,7 @@ func TestDelayedExchange_DelayPastThePluginLimitHopsInsteadOfArrivingAtOnce(t *t
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
+	rawAt := time.Now()
 	dc, err := ch.PublishWithDeferredConfirm(topology{cfg: b.cfg}.delayedExchange(), topic, false, false, amqp.Publishing{
 		Headers: amqp.Table{"x-delay": int64(MaxDelayedExchangeHop/time.Millisecond) + 1}, Body: []byte("over")})
 	if err != nil || !dc.Wait() {
@@ -137,8 +138,11 @@ func TestDelayedExchange_DelayPastThePluginLimitHopsInsteadOfArrivingAtOnce(t *t
 		}
 		break
 	}
-	if got["over"].IsZero() || got["over"].After(now.Add(time.Second)) {
-		t.Errorf("a raw x-delay of 2^32 ms arrived at %v after publishing, want at once (the plugin's limit, which the hops work around)", got["over"].Sub(now))
+	// "At once" against the 49 days the header asked for: seconds of
+	// slack for a box whose broker stalls on a confirm or an fsync, as a
+	// message held for 2^32 ms never arrives in this test at all.
+	if got["over"].IsZero() || got["over"].Sub(rawAt) > 5*time.Second {
+		t.Errorf("a raw x-delay of 2^32 ms arrived %v after its publish, want at once (the plugin's limit, which the hops work around)", got["over"].Sub(rawAt))
 	}
 	if !got["far"].IsZero() {
 		t.Errorf("the message due in 60 days arrived after %v", got["far"].Sub(now))
