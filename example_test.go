@@ -111,11 +111,14 @@ func ExampleClient_Overdue() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// Due 3 s out, so the first look comes before it even when the commit
+	// is slow.
+	due := time.Now().Add(3 * time.Second)
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES ('order-3', 'UNPAID')"); err != nil {
 			return err
 		}
-		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: "order-3", DueAt: time.Now().Add(time.Second)})
+		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: "order-3", DueAt: due})
 		return err
 	})
 	if err != nil {
@@ -136,7 +139,7 @@ func ExampleClient_Overdue() {
 		return "stored " + status + ", shown " + status
 	}
 	fmt.Println("before the cancel time:", show("order-3"))
-	time.Sleep(1200 * time.Millisecond) // no handler runs in this example
+	time.Sleep(time.Until(due.Add(200 * time.Millisecond))) // no handler runs in this example
 	fmt.Println("after the cancel time: ", show("order-3"))
 	// Output:
 	// before the cancel time: stored UNPAID, shown UNPAID

@@ -84,9 +84,7 @@ func javaProducer(t *testing.T, dsn string) func(args ...string) string {
 func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *testing.T) {
 	skipIfShort(t)
 	db, dsn := testenv.ScratchDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := outbox.Migrate(ctx, db); err != nil {
+	if _, err := outbox.Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 	java := javaProducer(t, dsn)
@@ -107,6 +105,11 @@ func TestJavaProducer_TasksInsertedByJDBCAreRelayedAndHandledByTheGoConsumer(t *
 	if _, err := db.Exec("CREATE TABLE java_effects (id VARCHAR(64) PRIMARY KEY, n INT NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
+	// The two minutes are for the Go relay and consumer, so they start
+	// here: on a loaded box, mvn, javac and the JVM starts above can take
+	// most of them.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	pub, sub := rabbitClients(t, rabbitConfig(t))
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{IdleMax: 50 * time.Millisecond, Logger: quiet()})
 	if err != nil {
