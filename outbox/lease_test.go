@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,20 +206,35 @@ func TestRelay_ProbeWakesAnIdleRelayForARowScheduledElsewhere(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
 	for _, probe := range []time.Duration{-1, 20 * time.Millisecond} {
-		r := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: time.Hour, IdleMax: time.Hour, Probe: probe})
+		var claims atomic.Int64
+		r := newRelay(t, b, mem, outbox.RelayConfig{IdleMin: time.Hour, IdleMax: time.Hour, Probe: probe,
+			Hooks: outbox.RelayHooks{Claimed: func(int) { claims.Add(1) }}})
 		ctx, cancel := context.WithCancel(b.ctx)
 		done := make(chan struct{})
 		go func() { _ = r.Run(ctx); close(done) }()
-		time.Sleep(500 * time.Millisecond) // the loops made their first, empty look and sleep for an hour
+		// Each loop claims once as it starts, finds nothing and sleeps for
+		// an hour. The row is scheduled only after every loop's first
+		// claim, or a loop that started late would take it without the
+		// probe.
+		if !testutil.Eventually(10*time.Second, 5*time.Millisecond, func() bool { return claims.Load() >= int64(r.Workers()) }) {
+			t.Fatalf("probe %v: after 10s, %d of the %d loops made their first claim", probe, claims.Load(), r.Workers())
+		}
 		key := fmt.Sprintf("elsewhere-%v", probe > 0)
 		b.schedule(t, outbox.Task{Topic: "probe", Key: key, DueAt: time.Now()})
-		published := testutil.Eventually(3*time.Second, 20*time.Millisecond, func() bool {
+		// With the probe, the row is published within about 20 ms; 10 s
+		// leaves room for a loaded machine. Without it, the loops sleep for
+		// an hour, and 3 s shows that nothing else takes the row.
+		wait := 3 * time.Second
+		if probe > 0 {
+			wait = 10 * time.Second
+		}
+		published := testutil.Eventually(wait, 20*time.Millisecond, func() bool {
 			return b.count(t, "task_key = ? AND state = 'published'", key) == 1
 		})
 		cancel()
 		<-done
 		if published != (probe > 0) {
-			t.Fatalf("probe %v: published within 3s = %v", probe, published)
+			t.Fatalf("probe %v: published within %v = %v", probe, wait, published)
 		}
 	}
 }

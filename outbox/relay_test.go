@@ -387,36 +387,46 @@ func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
 // paces still wakes it at once and reaches the broker before it is due.
 func TestRelay_PacedClaimsBatchTheWindowAndUrgentTasksStillGoAtOnce(t *testing.T) {
 	t.Parallel()
+	const pace = 4 * time.Second
 	b := setup(t)
-	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 10 * time.Second}})
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 20 * time.Second}})
 	t.Cleanup(func() { _ = mem.Close() })
 	var batches atomic.Int64
-	r := newRelay(t, b, mem, outbox.RelayConfig{Workers: 1, Hooks: outbox.RelayHooks{Published: func(int, time.Duration) { batches.Add(1) }}})
+	r := newRelay(t, b, mem, outbox.RelayConfig{Workers: 1, Pace: pace, Hooks: outbox.RelayHooks{Published: func(int, time.Duration) { batches.Add(1) }}})
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("after 5s: %s", what)
+				t.Fatalf("after 20s: %s", what)
 			}
 		}
 	}
-	// 20 tasks due 8 s out (inside the window, not urgent), one every 75 ms
-	// for 1.5 s: a paced relay (1 s) takes them in two or three claims.
+	// 20 tasks due 18 s out (inside the 20 s window, and not urgent until
+	// they have waited 10 s), one every 75 ms and however long each commit
+	// takes. A paced relay's claims that find rows come at least a pace
+	// apart, and all but the last begin before the last row arrives, so
+	// rows arriving over span take at most span/pace + 2 batches (2 when
+	// they all arrive within one pace). A relay claiming rows as they come
+	// takes about 20.
+	first := time.Now()
 	for i := range 20 {
-		b.schedule(t, outbox.Task{Topic: "pace", Key: fmt.Sprintf("ahead-%d", i), DueAt: time.Now().Add(8 * time.Second)})
+		b.schedule(t, outbox.Task{Topic: "pace", Key: fmt.Sprintf("ahead-%d", i), DueAt: time.Now().Add(18 * time.Second)})
 		time.Sleep(75 * time.Millisecond)
 	}
+	span := time.Since(first)
 	waitFor("20 tasks published", func() bool { return b.count(t, "state = 'published'") == 20 })
-	if n := batches.Load(); n > 4 {
-		t.Fatalf("%d publish batches for 20 tasks arriving over 1.5 s: the relay claimed them as they came instead of at its pace", n)
+	if n, most := batches.Load(), int64(span/pace)+2; n > most {
+		t.Fatalf("%d publish batches for 20 tasks arriving over %v, want at most %d: the relay claimed them as they came instead of at its pace", n, span.Round(time.Millisecond), most)
 	}
-	// Due in 1 s, scheduled by another process (no Nudge): the probe wakes
-	// the relay and the task is in the broker before it is due.
-	due := time.Now().Add(time.Second)
+	// The last of them was just published, so the loop waits a pace (4 s)
+	// from that claim before it claims again. A task due in 2 s, scheduled by another
+	// process (no Nudge), is in the broker before it is due only if the
+	// probe wakes the loop for it.
+	due := time.Now().Add(2 * time.Second)
 	b.schedule(t, outbox.Task{Topic: "pace", Key: "urgent", DueAt: due})
 	waitFor("the urgent task published", func() bool { return b.count(t, "task_key = 'urgent' AND state = 'published'") == 1 })
 	if info, _ := outbox.Get(b.ctx, b.db, "pace", "urgent"); info.PublishedAt.After(due) {
@@ -523,16 +533,16 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 		want     func(late int, gap time.Duration) bool
 		why      string
 	}{
-		// Lookahead 10 s: rows due in 9 s are further off than half of
-		// it for 4 s, longer than the resting drain takes. While
-		// consumers have due work, one loop at a time, and after each
-		// full batch it rests at least as long as the batch took,
-		// publish included.
-		{"ahead", 9 * time.Second, true, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
+		// Lookahead 1 min: rows due in 50 s are further off than half
+		// of it for 20 s, several times what the resting drain takes
+		// even on a loaded machine (about 2 s unloaded). While consumers have
+		// due work, one loop at a time, and after each full batch it
+		// rests at least as long as the batch took, publish included.
+		{"ahead", 50 * time.Second, true, func(late int, gap time.Duration) bool { return late == 1 && gap >= hold },
 			"claims far from due ran side by side, or followed each other without a rest"},
 		// The same rows with nothing due: the relay delays no consumer,
 		// and every loop claims.
-		{"ahead, nothing due", 9 * time.Second, false, func(late int, _ time.Duration) bool { return late > 1 },
+		{"ahead, nothing due", 50 * time.Second, false, func(late int, _ time.Duration) bool { return late > 1 },
 			"with nothing due, claims far from due were made one loop at a time"},
 		// Rows already due: every loop claims.
 		{"behind", -time.Second, false, func(late int, _ time.Duration) bool { return late > 1 }, "overdue rows were claimed one loop at a time"},
@@ -540,7 +550,7 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: 10 * time.Second}})
+			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: time.Minute}})
 			t.Cleanup(func() { _ = mem.Close() })
 			tasks := make([]outbox.Task, 2000)
 			due := time.Now().Add(c.due)
@@ -580,28 +590,35 @@ func TestRelay_AheadOfDueOneLoopClaimsAndRestsBehindEveryLoopClaims(t *testing.T
 // this process scheduled it, and by the rescan a pace later otherwise.
 func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing.T) {
 	t.Parallel()
+	// The lookahead is a minute and the backlog due 50 s out: the relay
+	// is ahead (the rows further off than half the lookahead), so one loop
+	// claims at a time and rests, for 20 s, several times what the drain
+	// takes even on a loaded machine (about 4 s unloaded). A relay that stopped
+	// being ahead mid-drain would finish the drain at full speed, perhaps
+	// before the row scheduled mid-drain is published.
 	for _, c := range []struct {
-		name      string
-		lookahead time.Duration // the pace is a fifth of it, the rescan a pace
-		backlog   time.Duration // the backlog is due this far out: ahead, so one loop claims at a time and rests
-		probe     time.Duration
-		nudge     bool
-		due       time.Duration // of the row scheduled mid-drain, from then
+		name  string
+		pace  time.Duration // the rescan is a pace
+		probe time.Duration
+		nudge bool
+		due   time.Duration // of the row scheduled mid-drain, from then
 	}{
-		// A 10 s rescan, longer than the drain: only the probe (a row due
-		// within urgent(), two paces and a probe) or the Nudge can find it.
-		{"probe", time.Minute, 40 * time.Second, 0, false, time.Second},
-		{"nudge", time.Minute, 40 * time.Second, -1, true, time.Second},
+		// A 12 s rescan (the longest pace a minute's lookahead allows),
+		// three times the drain unloaded: only the probe (a row due
+		// within urgent(), two paces and a probe) or the Nudge can find
+		// the row before the drain ends.
+		{"probe", 12 * time.Second, 0, false, time.Second},
+		{"nudge", 12 * time.Second, -1, true, time.Second},
 		// A 1 s rescan and a row due later than urgent(), the probe off.
-		{"rescan", 10 * time.Second, 8 * time.Second, -1, false, 4 * time.Second},
+		{"rescan", time.Second, -1, false, 4 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: c.lookahead}})
+			mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: time.Minute}})
 			t.Cleanup(func() { _ = mem.Close() })
 			tasks := make([]outbox.Task, 4000)
-			due := time.Now().Add(c.backlog)
+			due := time.Now().Add(50 * time.Second)
 			for i := range tasks {
 				tasks[i] = outbox.Task{Topic: "drain", Key: fmt.Sprintf("k-%d", i), DueAt: due}
 			}
@@ -610,7 +627,7 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 			}
 			b.consumersBusy(t) // so the relay, ahead, rests, and the drain lasts
 			pub := &countingPublisher{Publisher: &overlapPublisher{Publisher: mem, hold: 50 * time.Millisecond, gap: -1}, seen: map[string]int{}}
-			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100, Probe: c.probe, Pace: c.lookahead / 5})
+			r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 4, BatchSize: 100, Probe: c.probe, Pace: c.pace})
 			ctx, cancel := context.WithCancel(b.ctx)
 			done := make(chan struct{})
 			go func() { _ = r.Run(ctx); close(done) }()
