@@ -84,11 +84,10 @@ func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	msg := b.order(t, "o1", time.Now())
-	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error {
-		// Increment unconditionally: only the ledger keeps this to one.
-		_, err := tx.ExecContext(ctx, "UPDATE orders SET cancels = cancels + 1 WHERE id = 'o1'")
-		return err
-	})
+	// Increment unconditionally, after a pause that makes the duplicates
+	// overlap for certain: only the task row's lock, taken by id, keeps
+	// this to one.
+	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error { return slowIncrement(ctx, tx, "o1") })
 	info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "o1")
 	if info.State != outbox.StateDone || info.DoneAt.IsZero() {
 		t.Fatalf("task %+v, want done", info)

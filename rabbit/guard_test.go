@@ -444,6 +444,12 @@ func TestPublisher_PublishErrorKeepsEachMessagesOwnResult(t *testing.T) {
 		if want == nil && errs[i] != nil || want != nil && !errors.Is(errs[i], want) {
 			t.Errorf("#%d (%s/%q): err = %v, want %v", i, msgs[i].Topic, msgs[i].Key, errs[i], want)
 		}
+		// The refused messages can never be published and are permanent;
+		// the returned ones are temporary, so the relay backs them off
+		// rather than marking them dead.
+		if perm := broker.IsPermanent(errs[i]); want != nil && perm != errors.Is(want, broker.ErrRejected) {
+			t.Errorf("#%d (%s/%q): err = %v, permanent %v; want permanent only for the refused", i, msgs[i].Topic, msgs[i].Key, errs[i], perm)
+		}
 	}
 }
 
