@@ -114,9 +114,14 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 		}
 	}
 
-	// Lateness: normal is the p99 of tasks due before the kill; it is back
-	// to normal after the last task due later than the kill that was late
-	// by more than twice that (and more than 500 ms).
+	// Lateness: normal is the p99 of tasks due before the kill. The broker
+	// has recovered once tasks are seldom late by more than twice that (and
+	// more than 500 ms) again: of those due from settled, 8 s after the
+	// kill, on, at most a quarter may be. A loaded box stalls now and then
+	// with no fault in the cluster (a GC pause or an fsync of a second or
+	// three), and the tasks due during a stall are late, forty for each
+	// second of it, of the hundreds due after settled. A broker that has
+	// not resumed makes nearly all of them late.
 	type sample struct {
 		due  time.Time
 		late time.Duration
@@ -141,16 +146,24 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	}
 	p99 := normal[len(normal)*99/100]
 	limit := max(2*p99, 500*time.Millisecond)
+	settled := killed.Add(grace - 2*time.Second)
 	var lastLate time.Time
 	var worst time.Duration
-	after := 0
+	after, tail, tailLate := 0, 0, 0
 	for _, s := range samples {
-		if s.due.After(killed) && s.late > limit {
+		if !s.due.After(killed) {
+			continue
+		}
+		after++
+		worst = max(worst, s.late)
+		if s.late > limit {
 			lastLate = s.due
 		}
-		if s.due.After(killed) {
-			worst = max(worst, s.late)
-			after++
+		if s.due.After(settled) {
+			tail++
+			if s.late > limit {
+				tailLate++
+			}
 		}
 	}
 	recovery := time.Duration(0)
@@ -159,22 +172,29 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	}
 	rescued := f.count(t, "SELECT COALESCE(SUM(rescues), 0) FROM delay_task")
 	early := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE done_ms < due_ms")
-	t.Logf("%d tasks: lost 0, dup_effects 0, early %d, rescued by the scanner %d; lateness p99 before the kill %v, worst after %v; back under %v %v after the kill",
-		total, early, rescued, p99.Round(time.Millisecond), worst.Round(time.Millisecond), limit.Round(time.Millisecond), recovery.Round(100*time.Millisecond))
+	t.Logf("%d tasks: lost 0, dup_effects 0, early %d, rescued by the scanner %d; lateness p99 before the kill %v, worst after %v; "+
+		"of %d tasks due %v or more after the kill, %d were late by more than %v; the last such task was due %v after the kill",
+		total, early, rescued, p99.Round(time.Millisecond), worst.Round(time.Millisecond),
+		tail, settled.Sub(killed).Round(100*time.Millisecond), tailLate, limit.Round(time.Millisecond), recovery.Round(100*time.Millisecond))
 	if early != 0 {
 		t.Errorf("%d tasks done before their due time", early)
 	}
 	// The broker, not the scanner, brings delivery back: lateness is
 	// normal again well before the scanner's grace could have rescued
 	// anything, and the scanner rescues only what was dead-lettered into a
-	// queue whose leader was being elected (16-30 in four runs, back to
-	// normal 1-3.7 s after the kill). At-least-once dead-lettering on
-	// RabbitMQ 3.10 fails both: 448-509 rescued, 18.6-19 s. The bounds
-	// leave room for a slow box: a message dropped while leaving a high
-	// level can be due a few seconds after the kill, hence 8 s; tasks keep
-	// coming due for 19 s.
-	if maxRecovery := grace - 2*time.Second; recovery > maxRecovery {
-		t.Errorf("lateness back to normal %v after the kill, want under %v: the broker did not resume delivery by itself", recovery.Round(100*time.Millisecond), maxRecovery)
+	// queue whose leader was being elected (5-30 in six runs, back to
+	// normal 0.4-3.7 s after the kill). At-least-once dead-lettering on
+	// RabbitMQ 3.10 fails both: 448-631 rescued, tasks late until 18.6-19 s
+	// after the kill, the end of the run, and 342 of the 379 due after
+	// settled late. The bounds leave room for a slow box: a message dropped
+	// while leaving a high level can be due a few seconds after the kill,
+	// hence settled at 8 s; tasks keep coming due for 19 s, so a few
+	// hundred are due after it.
+	if tail < 100 {
+		t.Errorf("only %d tasks due %v or more after the kill, want at least 100 to judge recovery by", tail, settled.Sub(killed).Round(100*time.Millisecond))
+	} else if tailLate*4 > tail {
+		t.Errorf("%d of the %d tasks due %v or more after the kill were late by more than %v: the broker did not resume delivery by itself",
+			tailLate, tail, settled.Sub(killed).Round(100*time.Millisecond), limit.Round(time.Millisecond))
 	}
 	if rescued*5 > after {
 		t.Errorf("the scanner rescued %d tasks, more than a fifth of the %d due after the kill: the broker did not resume delivery by itself", rescued, after)

@@ -139,22 +139,47 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	}
 	// Publishing failed over: every task ordered from a second after the
 	// kill until broker-a was started again went to broker-b and was
-	// handled on time, not after the restart or by the scanner.
-	var failover, failoverLate int
+	// handled on time, not after the restart or by the scanner. A task that
+	// waited for broker-a is late by the scanner's grace (10 s) or the
+	// outage (15 s); on a loaded box one that went to broker-b is late by
+	// a stall of broker-b or of the consumer (broker-a's start starves
+	// both), seconds but not that many, hence 5 s. A rescue always counts
+	// as late. A row the relay's first publish confirmed more than a
+	// second after its order was held up on the way to the broker, by the
+	// relay's batch waiting on a send in flight at the kill or by a stall
+	// of this box, not by where the publish went: the test leaves it out.
+	// (published_ms is the relay's confirm unless a rescue overwrote it,
+	// and a rescued row counts anyway; a row whose publish failed first,
+	// publish_attempts above 1, did not fail over and counts too.)
+	const failoverBound = 5 * time.Second
+	var failover, failoverLate, failoverSlow int
 	for _, k := range tasks {
 		if k.created.After(killed.Add(time.Second)) && k.created.Before(downUntil) {
+			if k.rescues == 0 && k.attempts == 1 && k.published.Sub(k.created) > time.Second {
+				failoverSlow++
+				continue
+			}
 			failover++
-			if k.done.Sub(k.due) > 2*time.Second || k.rescues > 0 {
+			if k.done.Sub(k.due) > failoverBound || k.rescues > 0 {
 				failoverLate++
 				if failoverLate <= 5 {
-					t.Errorf("task %s ordered %v after the kill, while broker-a was down: handled %v late, rescues %d",
-						k.key, k.created.Sub(killed).Round(time.Millisecond), k.done.Sub(k.due).Round(time.Millisecond), k.rescues)
+					// A consumer that finished the row before the relay
+					// recorded its confirm left published_ms at 0.
+					published := "confirm not recorded"
+					if k.published.UnixMilli() != 0 {
+						published = fmt.Sprintf("confirmed %v after its order", k.published.Sub(k.created).Round(time.Millisecond))
+					}
+					t.Errorf("task %s ordered %v after the kill, while broker-a was down: %s, %d publish attempts, handled %v late, rescues %d",
+						k.key, k.created.Sub(killed).Round(time.Millisecond), published, k.attempts, k.done.Sub(k.due).Round(time.Millisecond), k.rescues)
 				}
 			}
 		}
 	}
-	if failover < 100 {
-		t.Errorf("only %d tasks ordered while broker-a was down, want at least 100", failover)
+	// Those left out must stay a minority: publishes that all waited on
+	// broker-a would otherwise leave nothing to check.
+	if failover < 100 || failoverSlow > failover {
+		t.Errorf("of the tasks ordered while broker-a was down, %d were checked and %d left out as slow to publish; want at least 100 checked, and more than left out",
+			failover, failoverSlow)
 	}
 
 	// What broker-a's wheel held: tasks ordered a second or more before
@@ -166,13 +191,15 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	// wheel or it would not have waited). An order whose insert or publish
 	// was slow on a loaded box (the relay polls every 50 ms, but a publish
 	// in flight at the kill goes to broker-b after the client's retry) is
-	// not one broker-a held.
+	// not one broker-a held. Neither is a row whose published_ms is 0: a
+	// consumer finished it before the relay recorded the confirm, so when
+	// it was confirmed is not known.
 	var held, heldLate, heldRescued int
 	var heldWorst time.Duration
 	var notRescued []string
 	for _, k := range tasks {
 		if k.created.Before(killed.Add(-time.Second)) && k.due.After(killed) && k.due.Before(downUntil.Add(-time.Second)) &&
-			(k.rescues > 0 || k.published.Before(killed)) {
+			(k.rescues > 0 || k.published.UnixMilli() != 0 && k.published.Before(killed)) {
 			held++
 			if late := k.done.Sub(k.due); late > 2*time.Second {
 				heldLate++
@@ -258,9 +285,9 @@ func rocketClusterKill(t *testing.T, restart bool) {
 			after, afterLate, limit.Round(time.Millisecond), afterWorst.Round(100*time.Millisecond))
 	}
 	t.Logf("broker-a %s. %d tasks: lost 0, dup_effects 0, early %d, rescued by the scanner %d. "+
-		"Failover: %d tasks ordered while broker-a was down (from 1 s after the kill), %d late. "+
+		"Failover: %d tasks ordered while broker-a was down (from 1 s after the kill) checked, %d late by more than %v or rescued; %d left out as slow to publish. "+
 		"Broker-a's wheel: of %d tasks in the wheels at the kill due while it was down, %d waited for it (%d rescued), worst %v late. "+
 		"Lateness p99 of tasks due before the kill %v; tasks due up to %v after the kill were late by more than %v, the last handled %v after the kill",
-		how, total, early, rescued, failover, failoverLate, held, heldLate, heldRescued, heldWorst.Round(100*time.Millisecond),
+		how, total, early, rescued, failover, failoverLate, failoverBound, failoverSlow, held, heldLate, heldRescued, heldWorst.Round(100*time.Millisecond),
 		p99.Round(time.Millisecond), recovery.Round(100*time.Millisecond), limit.Round(time.Millisecond), drain.Round(100*time.Millisecond))
 }

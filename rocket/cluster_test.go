@@ -128,20 +128,31 @@ func TestTwoBrokers_PublishFailsOverToTheLiveBroker(t *testing.T) {
 	if len(after) < 100 {
 		t.Fatalf("only %d messages published in 5 s after the kill", len(after))
 	}
-	worst := after[len(after)-1]
-	t.Logf("%d publishes in flight at the kill: max %v; %d started after it: p50 %v, p99 %v, max %v",
+	worst, p90 := after[len(after)-1], after[len(after)*9/10]
+	t.Logf("%d publishes in flight at the kill: max %v; %d started after it: p50 %v, p90 %v, p99 %v, max %v",
 		len(inFlight), slices.Max(append(inFlight, 0)).Round(time.Millisecond), len(after),
-		after[len(after)/2].Round(time.Millisecond), after[len(after)*99/100].Round(time.Millisecond), worst.Round(time.Millisecond))
+		after[len(after)/2].Round(time.Millisecond), p90.Round(time.Millisecond), after[len(after)*99/100].Round(time.Millisecond), worst.Round(time.Millisecond))
 	// A send that went to the dead broker and waited for an answer would
-	// take the client's send timeout (3 s) before its retry.
-	if worst >= time.Second {
-		t.Errorf("a Publish started after the kill took %v: it waited for the dead broker", worst)
+	// take the client's send timeout (3 s) before its retry. On a loaded
+	// box a GC pause or fsync stall of broker-b, or a stall of this
+	// process, holds up the publishes under way for a second or more with
+	// no fault in the failover, so the bound is just under that timeout.
+	if bound := rocket.DefaultSendTimeout - 500*time.Millisecond; worst >= bound {
+		t.Errorf("a Publish started after the kill took %v, at least %v: it waited for the dead broker", worst, bound)
+	}
+	// Most publishes never come near it. A stall holds up at most one
+	// publish per worker, eight of at least a hundred, so it does not move
+	// the 90th percentile; sends to the dead broker that waited would,
+	// since about half the first tries go there.
+	if p90 >= time.Second {
+		t.Errorf("a tenth of the publishes started after the kill took %v or more: they waited for the dead broker", p90)
 	}
 	// One already on its way to broker-a waits that timeout once (the
 	// client does not fail the requests of a closed connection), then its
-	// retry goes to broker-b.
-	if len(inFlight) > 0 && inFlight[len(inFlight)-1] > rocket.DefaultSendTimeout+time.Second {
-		t.Errorf("a Publish in flight at the kill took %v, more than one send timeout (%v)", inFlight[len(inFlight)-1], rocket.DefaultSendTimeout)
+	// retry goes to broker-b. A stall may stretch that by seconds; waiting
+	// the timeout twice, on a retry to broker-a too, would take longer.
+	if len(inFlight) > 0 && inFlight[len(inFlight)-1] > 2*rocket.DefaultSendTimeout {
+		t.Errorf("a Publish in flight at the kill took %v, more than twice the send timeout (%v)", inFlight[len(inFlight)-1], rocket.DefaultSendTimeout)
 	}
 
 	deadline := time.Now().Add(30 * time.Second)
