@@ -222,13 +222,17 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 		}
 		deliver("a", "gate")
 		<-gateIn
+		// A topic's dispatcher takes the next delivery off its channel only
+		// after it queued the one before for the workers, so once both
+		// channels are empty a1 and b1 are surely queued (a2 and b2 may be
+		// in hand still): the worker the gate frees finds both topics.
 		deliver("a", "a1")
 		deliver("a", "a2")
 		deliver("b", "b1")
-		eventually(t, "the deliveries queued", func() bool { return len(sub["a"]) == 0 && len(sub["b"]) == 0 })
-		time.Sleep(50 * time.Millisecond) // the dispatchers hand the last ones on
+		deliver("b", "b2")
+		eventually(t, "the deliveries taken", func() bool { return len(sub["a"]) == 0 && len(sub["b"]) == 0 })
 		close(gate)
-		for range 4 {
+		for range 5 {
 			select {
 			case <-settled:
 			case <-time.After(10 * time.Second):

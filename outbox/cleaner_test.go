@@ -24,17 +24,35 @@ func TestCleaner_PausesBetweenBatchesAndStopsInAPause(t *testing.T) {
 	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done', updated_ms = due_ms WHERE topic = 'pace'"); err != nil {
 		t.Fatal(err)
 	}
-	// A duty of 0.1% pauses about 999 batch times after each batch: far
-	// longer than the context lives, so one batch is all this pass does.
-	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+	// A duty of one in a million pauses about a million batch times after
+	// each batch: minutes even after a fast one, far longer than the
+	// context lives, so one batch is all this pass does however slowly the
+	// database answers, and the pass ends in the pause.
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
-	start := time.Now()
-	n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{BatchSize: 1, Duty: 0.001, Logger: quiet()}).Once(ctx)
-	if err != nil || n != 1 {
-		t.Fatalf("Once = %d, %v; want 1 row deleted before the pause outlived the context", n, err)
+	deadline, _ := ctx.Deadline()
+	type result struct {
+		n   int64
+		err error
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("Once took %v after its context ended", took)
+	done := make(chan result, 1)
+	go func() {
+		n, err := outbox.NewCleaner(b.db, outbox.CleanerConfig{BatchSize: 1, Duty: 0.000001, Logger: quiet()}).Once(ctx)
+		done <- result{n, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(time.Until(deadline) + 10*time.Second):
+		t.Fatal("Once still runs 10 s after its context ended: the pause does not stop with it")
+	}
+	// A pass that deleted more did not pause between batches; one that
+	// returned before the deadline did not pause after its full batch.
+	if r.err != nil || r.n != 1 {
+		t.Fatalf("Once = %d, %v; want 1 row deleted before the pause outlived the context", r.n, r.err)
+	}
+	if early := time.Until(deadline); early > 0 {
+		t.Fatalf("Once returned %v before its context ended; want it paused until then", early)
 	}
 	if left := b.count(t, "topic = 'pace'"); left != 2 {
 		t.Fatalf("%d rows left, want 2", left)

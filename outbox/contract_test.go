@@ -90,7 +90,9 @@ func TestTableContract_BadRowsGoDeadWithAReasonAndBlockNothing(t *testing.T) {
 	}
 
 	// The good rows' messages carry what the row said and are handled.
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	// Handling them is database work under the subscription's context, so
+	// it is generous; when it ends the channel closes.
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
 	ch, err := mem.Subscribe(ctx, "contract")
 	if err != nil {
@@ -99,7 +101,10 @@ func TestTableContract_BadRowsGoDeadWithAReasonAndBlockNothing(t *testing.T) {
 	seen := map[string]bool{}
 	for len(seen) < 3 {
 		d := <-ch
-		if d == nil || d.Err != nil {
+		if d == nil {
+			t.Fatalf("the subscription ended after %d of the 3 good rows' messages", len(seen))
+		}
+		if d.Err != nil {
 			t.Fatalf("delivery %+v", d)
 		}
 		m := d.Message

@@ -121,7 +121,9 @@ func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T
 	// Once the retry is overdue too, the rescue carries its attempt, so
 	// MaxAttempts still counts.
 	later := func() time.Time { return time.Now().Add(time.Minute) }
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	// The subscription's context also covers the rescue's database work,
+	// so it is generous; when it ends the channel closes.
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
 	ch, err := b.mem.Subscribe(ctx, "scan")
 	if err != nil {
@@ -130,8 +132,11 @@ func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T
 	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: 5 * time.Second, Now: later}).Rescue(b.ctx); err != nil || n != 2 {
 		t.Fatalf("Rescue a minute later = %d, %v; want both", n, err)
 	}
-	for range 2 {
+	for i := range 2 {
 		d := <-ch
+		if d == nil {
+			t.Fatalf("the subscription ended after %d of the 2 rescued messages", i)
+		}
 		if d.Message.Key == "retrying" && d.Message.Attempt != 4 {
 			t.Fatalf("rescued on attempt %d, want the recorded 4", d.Message.Attempt)
 		}

@@ -28,7 +28,10 @@ func TestMemoryBroker_Conformance(t *testing.T) {
 				PublishRaw: func(t *testing.T, topic string, headers map[string]string, body []byte) error {
 					return b.PublishRaw(topic, headers, body)
 				},
-				Features: brokertest.Features{MaxHop: 2 * time.Second, LateBound: 150 * time.Millisecond},
+				// The timers are in-process, but a loaded machine can
+				// stall the handler's goroutine for a while: late is
+				// bounded by a second, as for RabbitMQ; early stays exact.
+				Features: brokertest.Features{MaxHop: 2 * time.Second, LateBound: time.Second},
 			})
 		})
 	}

@@ -333,10 +333,12 @@ func TestBench_FloorRunsTheDatabaseAloneBeforeTheBroker(t *testing.T) {
 
 // A floor that loses tasks (here: a wait too short for 3,000 due at once)
 // still measured something: the broker run follows, the summary carries
-// both, and the bench fails after.
+// both, and the bench fails after. The delay outlasts preloading and
+// relaying the 3,000 on a slow machine, so no task comes due, and none is
+// handled, before the bench starts its 1 ms wait.
 func TestBench_AFailedFloorStillReportsTheBrokerRun(t *testing.T) {
 	_, dsn := testenv.ScratchDB(t)
-	out, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "3000", "--delay", "2s", "--per-tx", "500", "--preload", "--anchored",
+	out, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "3000", "--delay", "10s", "--per-tx", "500", "--preload", "--anchored",
 		"--handler", "db", "--floor", "--json", "--wait", "1ms", "--log-level", "error"}, rabbitFlags(t)...)...)
 	if err == nil || !strings.Contains(err.Error(), "floor: bench: lost ") {
 		t.Fatalf("err = %v, want the floor's lost tasks reported", err)

@@ -12,28 +12,48 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/delaybridge/delaybridge/internal/testenv"
 )
 
 // The program against the real services (scripts/services.sh env), once
 // per broker, in a database of its own. It reads its settings as a user's
-// run would; the test only adds a scratch database and small queues.
+// run would; the test only adds a scratch database, small queues of its
+// own and a longer timeout.
+//
+// The program creates every order before it pays the first, and that
+// payment must land before the first order's cancel time, so the timeout
+// has to outlast creating all 40 orders on a slow machine: 10 s does, and
+// a run still takes little more than the timeout per broker.
 func TestOrderTimeout_HoldsItsInvariantsOnBothBrokers(t *testing.T) {
 	dsn := scratchDatabase(t)
 	for _, b := range []struct {
 		name string
-		args []string
+		args func(t *testing.T) []string
 	}{
-		{"rabbit", []string{"--broker", "rabbit", "--rabbit-prefix", "delaybridge-ordertimeout", "--rabbit-depth", "8"}},
-		{"rocket", []string{"--broker", "rocket", "--rocketmq-group-prefix", "ordertimeout-test"}},
+		// The RabbitMQ queues are the test's own, so a message an earlier
+		// run left behind cannot reach this one, and they go at cleanup.
+		{"rabbit", func(t *testing.T) []string {
+			url, prefix := os.Getenv("DELAYBRIDGE_AMQP_URL"), testenv.Name("ordertimeout")
+			t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
+			return []string{"--broker", "rabbit", "--rabbit-prefix", prefix, "--rabbit-depth", "8"}
+		}},
+		// The RocketMQ group stays fixed: the program's topic is, and a new
+		// group would start at the first message the broker still has on
+		// it, every earlier run's included. An old message is harmless
+		// either way, since its task is not in this run's database.
+		{"rocket", func(*testing.T) []string {
+			return []string{"--broker", "rocket", "--rocketmq-group-prefix", "ordertimeout-test"}
+		}},
 	} {
 		t.Run(b.name, func(t *testing.T) {
 			if b.name == "rabbit" && os.Getenv("DELAYBRIDGE_AMQP_URL") == "" {
 				unavailable(t, "DELAYBRIDGE_AMQP_URL is not set")
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 			defer cancel()
 			var out, errOut bytes.Buffer
-			args := append([]string{"--mysql-dsn", dsn, "--orders", "40", "--timeout", "2s"}, b.args...)
+			args := append([]string{"--mysql-dsn", dsn, "--orders", "40", "--timeout", "10s"}, b.args(t)...)
 			if err := run(ctx, args, &out, &errOut); err != nil {
 				t.Fatalf("ordertimeout %v: %v\n%s%s", args, err, out.String(), errOut.String())
 			}

@@ -197,7 +197,9 @@ func TestPay_RefusesAPaymentAfterTheCancelTime(t *testing.T) {
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	svc := &orders.Service{DB: db, Timeout: 300 * time.Millisecond}
+	// The in-time payment must land within the timeout of the orders'
+	// creation, slow commits included; the late one waits the timeout out.
+	svc := &orders.Service{DB: db, Timeout: 5 * time.Second}
 	if err := svc.Setup(ctx, []string{"sku"}, 10); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +211,7 @@ func TestPay_RefusesAPaymentAfterTheCancelTime(t *testing.T) {
 	if ok, err := svc.Pay(ctx, "in-time"); err != nil || !ok {
 		t.Fatalf("Pay before the cancel time = %v, %v; want it paid", ok, err)
 	}
-	if !testutil.Eventually(10*time.Second, 20*time.Millisecond, func() bool {
+	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool {
 		late, err := outbox.Overdue(ctx, db, orders.Topic, "late")
 		return err == nil && late
 	}) {

@@ -36,6 +36,10 @@ const (
 
 const reachTimeout = 5 * time.Second
 
+// createTimeout bounds creating a scratch database on a server that
+// answered: a loaded machine can stall the statement for seconds.
+const createTimeout = 30 * time.Second
+
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
@@ -185,8 +189,12 @@ func ScratchDBAt(t testing.TB, dsn string) (*sql.DB, string) {
 	if err := admin.PingContext(ctx); err != nil {
 		Unreachable(t, "MariaDB", cfg.Addr, err)
 	}
+	// The server answered, so a slow CREATE DATABASE is a busy server, not
+	// a missing one: it gets a bound of its own, well past reachTimeout.
+	cctx, ccancel := context.WithTimeout(context.Background(), createTimeout)
+	defer ccancel()
 	name := fmt.Sprintf("delaybridge_t%d", rand.Uint64()%1_000_000_000_000)
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := admin.ExecContext(cctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("create scratch database: %v", err)
 	}
 	cfg.DBName = name
