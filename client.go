@@ -135,7 +135,9 @@ func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
 // RocketMQ with RocketCreateTopics it first creates the topics, their
 // retry topics and the dead-letter topic. A Client without handlers,
 // relay or scanner has nothing to start and returns nil. When Start fails
-// it leaves nothing running. ctx bounds the start only: what Start starts
+// it leaves nothing running. On a database that lacks a migration this
+// binary ships it returns an error matching outbox.ErrSchemaBehind before
+// it connects to anything. ctx bounds the start only: what Start starts
 // runs until Stop, whatever becomes of ctx.
 func (c *Client) Start(ctx context.Context) (err error) {
 	c.mu.Lock()
@@ -151,6 +153,11 @@ func (c *Client) Start(ctx context.Context) (err error) {
 	if len(topics) == 0 && c.cfg.Relay == nil && c.cfg.Scanner == nil {
 		c.started = true
 		return nil
+	}
+	// A binary rolled out before its migrations ran refuses here, naming
+	// them, rather than failing on a missing column mid-work.
+	if err := outbox.CheckSchema(ctx, c.db); err != nil {
+		return fmt.Errorf("delaybridge: %w", err)
 	}
 	conn, err := c.cfg.OpenBroker(ctx, len(topics) > 0)
 	if err != nil {

@@ -219,6 +219,38 @@ func TestClient_AFailedStartWithdrawsItsPresence(t *testing.T) {
 	}
 }
 
+// A consuming service rolled out before the migrations it needs refuses
+// to start, naming what is missing, and announces nothing.
+func TestClient_StartRefusesADatabaseBehindItsMigrations(t *testing.T) {
+	b := setup(t)
+	migs, err := outbox.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := migs[len(migs)-1].Version
+	if _, err := b.db.ExecContext(b.ctx, "DELETE FROM delaybridge_migration WHERE version = ?", last); err != nil {
+		t.Fatal(err)
+	}
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle("behind", func(context.Context, *sql.Tx, *broker.Message) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); !errors.Is(err, outbox.ErrSchemaBehind) {
+		_ = c.Stop(b.ctx)
+		t.Fatalf("Start on a database without migration %d = %v, want ErrSchemaBehind", last, err)
+	}
+	live, err := outbox.LivePresences(b.ctx, b.db, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 0 {
+		t.Fatalf("after a refused Start, %d live presence records: %+v", len(live), live)
+	}
+}
+
 // Stop with the context that ended the service (cancelled already) stops
 // an idle Client cleanly; and Stop's context bounds it even when a
 // scanner's business source ignores its own context.
