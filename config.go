@@ -136,8 +136,9 @@ type Config struct {
 	Presence outbox.PresenceConfig
 	// Metrics, when not nil, is fed by the consumer, relay and scanner a
 	// Client runs (NewMetrics), beside any hooks set above: the consumer's
-	// lateness, outcomes and group sizes that the dashboard in
-	// deploy/grafana shows come from the service that runs the handlers.
+	// series (the lateness, hops, retries and dead the dashboard in
+	// deploy/grafana shows, and its outcomes and group sizes) come from the
+	// service that runs the handlers.
 	Metrics *Metrics
 }
 
@@ -276,9 +277,15 @@ type NotConfiguredError struct {
 	What string
 }
 
-// Error names the missing setting and every way to set it.
+// Error names the missing setting and every way to set it: a secret one
+// (a URL or DSN with a password) also from its -file twin, where only demo
+// and bench fall back to the local development services; the others from
+// the flag, the environment or --config.
 func (e *NotConfiguredError) Error() string {
 	f := e.Setting
+	if !IsSecretSetting(f) {
+		return fmt.Sprintf("%s: set --%s (environment %s, or %s in --config)", e.What, f, EnvName(f), f)
+	}
 	return fmt.Sprintf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
 		e.What, f, f, SecretFileSuffix, EnvName(f), EnvName(f+SecretFileSuffix), f, SecretFileSuffix)
 }

@@ -139,6 +139,14 @@ func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
 	if _, err := delaybridge.NewClient(nil, delaybridge.Config{AMQPURL: "amqp://x"}); err == nil {
 		t.Error("NewClient(nil db) accepted")
 	}
+	// A secret setting has a -file twin to name; the name server has none.
+	if msg := (&delaybridge.NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}).Error(); !strings.Contains(msg, "--amqp-url-file") {
+		t.Errorf("amqp-url not configured: %q does not name --amqp-url-file", msg)
+	}
+	msg := (&delaybridge.NotConfiguredError{Setting: "rocketmq-namesrv", What: "no RocketMQ name server configured"}).Error()
+	if !strings.Contains(msg, "--rocketmq-namesrv") || !strings.Contains(msg, "DELAYBRIDGE_ROCKETMQ_NAMESRV") || strings.Contains(msg, "-file") {
+		t.Errorf("rocketmq-namesrv not configured: %q, want the flag and its environment variable and no -file twin, which it does not have", msg)
+	}
 }
 
 func TestClient_HandleRefusesBadTopicsDuplicatesAndLateRegistration(t *testing.T) {
