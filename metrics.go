@@ -12,11 +12,12 @@ import (
 )
 
 // Metrics are the Prometheus series of a relay, a scanner and a consumer
-// runtime, under the names the dashboard in deploy/grafana and the alert
-// rules in deploy/prometheus read: delaybridge_relay_*,
-// delaybridge_scanner_*, and the consumer's lateness, hops, retries, dead,
-// stuck handlers, outcomes and group sizes by topic. Labels carry topics
-// and outcomes, never keys, payloads or connection settings.
+// runtime: delaybridge_relay_*, delaybridge_scanner_*, and the consumer's
+// lateness, hops, retries, dead, stuck handlers, outcomes and group sizes
+// by topic. The dashboard in deploy/grafana and the alert rules in
+// deploy/prometheus read most of them (not the outcomes or the group
+// sizes, which are for a closer look). Labels carry topics and outcomes,
+// never keys, payloads or connection settings.
 //
 // delaybridge run exports the relay's and the scanner's. The consumer runs
 // in the service that owns the handlers, so that service exports the

@@ -81,7 +81,7 @@ type ConsumerConfig struct {
 	// of attempts, goes to dead. Nothing is lost and one stuck handler never
 	// holds a worker for good; if the abandoned handler later commits, its
 	// effect and the retry's are one through outbox.Handle. The same holds
-	// for a BatchHandler, whose messages then go one at a time. Default 10s.
+	// for a GroupHandler, whose messages then go one at a time. Default 10s.
 	HandlerGrace time.Duration
 	// MaxDelay is the furthest due time accepted; a message due later goes
 	// to dead with ErrTooFar. Default DefaultMaxDelay.

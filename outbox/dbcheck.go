@@ -128,11 +128,12 @@ func InspectDatabase(ctx context.Context, db *sql.DB) (Database, error) {
 }
 
 // CheckDatabase inspects the server behind db and returns an error matching
-// ErrUnsupportedDatabase when the relay cannot claim rows on it safely.
-// With a migrated schema it also proves that SKIP LOCKED really skips: it
-// locks a row of delaybridge_migration on one connection and claims it with
-// SKIP LOCKED on another, which must come back empty. It needs two
-// connections of db's pool for a moment.
+// ErrUnsupportedDatabase when the relay cannot claim rows on it safely,
+// and one matching ErrSchemaBehind when the schema lacks a migration this
+// binary ships (CheckSchema). Past both, it proves that SKIP LOCKED really
+// skips: it locks a row of delaybridge_migration on one connection and
+// claims it with SKIP LOCKED on another, which must come back empty. It
+// needs two connections of db's pool for a moment.
 func CheckDatabase(ctx context.Context, db *sql.DB) (Database, error) {
 	d, err := InspectDatabase(ctx, db)
 	if err != nil {

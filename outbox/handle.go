@@ -79,7 +79,7 @@ func (o Outcome) asError() error {
 
 // Handle runs fn for the task behind msg and marks the task done, in ONE
 // transaction: it locks the task row, skips (and reports why) when the task
-// is done, cancelled, dead, missing or of a newer generation than msg,
+// is done, cancelled, dead, missing or of another generation than msg's,
 // returns a *broker.EarlyError when the row's due time has not come by the
 // database's clock (whatever the message or this host's clock say), runs
 // fn(ctx, tx), marks the task done and commits. When fn fails, nothing of it
