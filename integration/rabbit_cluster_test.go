@@ -117,11 +117,13 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	// Lateness: normal is the p99 of tasks due before the kill. The broker
 	// has recovered once tasks are seldom late by more than twice that (and
 	// more than 500 ms) again: of those due from settled, 8 s after the
-	// kill, on, at most a quarter may be. A loaded box stalls now and then
-	// with no fault in the cluster (a GC pause or an fsync of a second or
-	// three), and the tasks due during a stall are late, forty for each
-	// second of it, of the hundreds due after settled. A broker that has
-	// not resumed makes nearly all of them late.
+	// kill, on, at most half may be. A loaded box stalls now and then with
+	// no fault in the cluster (a GC pause or an fsync of a second or three,
+	// three Erlang nodes and the other servers on two cores), and the tasks
+	// due during a stall are late, forty for each second of it, of the
+	// hundreds due after settled: a CI run had 72 of 256 late, the last
+	// due 13.8 s after the kill, with 18 rescued. A broker that has not
+	// resumed makes nearly all of them late (nine in ten).
 	type sample struct {
 		due  time.Time
 		late time.Duration
@@ -192,7 +194,7 @@ func TestRabbitCluster_KillingTheBusiestLeaderLosesNothing(t *testing.T) {
 	// hundred are due after it.
 	if tail < 100 {
 		t.Errorf("only %d tasks due %v or more after the kill, want at least 100 to judge recovery by", tail, settled.Sub(killed).Round(100*time.Millisecond))
-	} else if tailLate*4 > tail {
+	} else if tailLate*2 > tail {
 		t.Errorf("%d of the %d tasks due %v or more after the kill were late by more than %v: the broker did not resume delivery by itself",
 			tailLate, tail, settled.Sub(killed).Round(100*time.Millisecond), limit.Round(time.Millisecond))
 	}
