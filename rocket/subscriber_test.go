@@ -8,6 +8,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -63,6 +64,43 @@ func TestSubscriber_NackedDeliveryComesBackToTheGroup(t *testing.T) {
 	}
 	if err := again.Acker.Ack(); err != nil {
 		t.Fatalf("Ack: %v", err)
+	}
+}
+
+// The runtime gives a delivery back as often as its retries and hops
+// need. The client's own limit (16 give-backs) would have the broker move
+// it to the group's %DLQ% topic, out of the runtime's reach, where only
+// the scanner's rescue, a grace late, would bring the task back: given
+// back 17 times, the delivery still returns to the group.
+func TestSubscriber_ADeliveryGivenBackMoreThanSixteenTimesStaysWithTheGroup(t *testing.T) {
+	testenv.SkipIfShort(t, "gives one delivery back 17 times, a second each")
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	pub, sub := e.clients(t, topic, rocket.TimerLimits(2*time.Second, localPrecision))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, &broker.Message{Topic: topic, Key: "nack-many", Payload: []byte("body"), DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	const givenBack = 17
+	for i := 0; i <= givenBack; i++ {
+		d := receiveWithin(t, ch, time.Minute)
+		if d.Message == nil || d.Message.Key != "nack-many" {
+			t.Fatalf("delivery %d: %+v (err %v), want nack-many", i+1, d.Message, d.Err)
+		}
+		if i == givenBack {
+			if err := d.Acker.Ack(); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+			return
+		}
+		if err := d.Acker.Nack(); err != nil {
+			t.Fatalf("Nack %d: %v", i+1, err)
+		}
 	}
 }
 
