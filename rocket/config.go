@@ -71,11 +71,6 @@ type Config struct {
 	// AssignWait bounds how long Subscribe waits for the consumer's first
 	// rebalance to give it queues. Default 10s.
 	AssignWait time.Duration
-	// StartFromLatest makes a consumer group that has no offset yet start
-	// at the end of the topic. The default, false, starts it at the first
-	// message the broker still has, so tasks published before the group
-	// first connected are not skipped.
-	StartFromLatest bool
 	// AccessKey and SecretKey are the ACL credentials of a broker with
 	// aclEnable=true. The client signs every request with SecretKey
 	// (HMAC-SHA1) and sends AccessKey and the signature; SecretKey itself

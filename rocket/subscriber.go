@@ -81,10 +81,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 	}
 	s.mu.Unlock()
 
-	from := consumer.ConsumeFromFirstOffset
-	if s.cfg.StartFromLatest {
-		from = consumer.ConsumeFromLastOffset
-	}
 	// The allocation strategy is the one public place where the client
 	// shows that a rebalance gave this consumer its share of a topic. Wait
 	// for the topic and, when it is known to be routed, the group's retry
@@ -115,7 +111,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 		consumer.WithGroupName(s.Group(topic)),
 		consumer.WithInstance(instanceName("sub")),
 		consumer.WithConsumerModel(consumer.Clustering),
-		consumer.WithConsumeFromWhere(from),
+		// A group with no offset yet starts at the first message the
+		// broker still has: a task published before its consumers first
+		// connected is delivered, not skipped. (While that message is in
+		// the broker's memory the broker answers so itself, whatever the
+		// client asks.)
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
 		consumer.WithConsumeMessageBatchMaxSize(1),
 		consumer.WithConsumeGoroutineNums(s.cfg.ConsumeGoroutines),
 		consumer.WithConsumeTimeout(s.cfg.ConsumeTimeout),
