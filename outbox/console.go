@@ -62,7 +62,7 @@ var ErrBadSearch = errors.New("outbox: bad search")
 // selectRow reads what scanInfo reads, with an empty payload and no headers
 // or trace: lists never show them, and a payload may be megabytes.
 const selectRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, generation,
-  publish_attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
+  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // Search returns one page of tasks. Which index serves it depends on the
 // filters:
@@ -102,7 +102,12 @@ const (
 	cursorDue = "d"
 )
 
-func badCursor(c string) error { return fmt.Errorf("%w: malformed cursor %q", ErrBadSearch, c) }
+// badCursor refuses a cursor that is not one this kind of search makes. It
+// does not quote the cursor: a search by topic's cursor is the last key of
+// its page, which the console shows only when asked.
+func badCursor() error {
+	return fmt.Errorf("%w: the page cursor belongs to another search; start the search again from its first page", ErrBadSearch)
+}
 
 func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
 	where := []string{"topic = ?"}
@@ -119,7 +124,7 @@ func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 		kind, rest, _ := strings.Cut(s.After, ":")
 		after, err := hex.DecodeString(rest)
 		if kind != cursorKey || err != nil {
-			return nil, badCursor(s.After)
+			return nil, badCursor()
 		}
 		where = append(where, "task_key > ?")
 		args = append(args, after)
@@ -143,13 +148,13 @@ func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 	if hasAfter {
 		parts := strings.Split(s.After, ":")
 		if len(parts) != 3 || parts[0] != cursorDue {
-			return nil, badCursor(s.After)
+			return nil, badCursor()
 		}
 		var err1, err2 error
 		afterDue, err1 = strconv.ParseInt(parts[1], 10, 64)
 		afterID, err2 = strconv.ParseInt(parts[2], 10, 64)
 		if err1 != nil || err2 != nil {
-			return nil, badCursor(s.After)
+			return nil, badCursor()
 		}
 	}
 	states := States
@@ -246,8 +251,6 @@ func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*Ta
 // task page.
 type Detail struct {
 	TaskInfo
-	// Attempts is the handler attempt the consumer last recorded.
-	Attempts int
 	// LeaseOwner is the relay or scanner claim holding the row, 0 for none.
 	LeaseOwner int64
 	// NextAttemptAt is the claim's expiry while LeaseOwner is set, else
@@ -268,7 +271,7 @@ func GetByID(ctx context.Context, q Querier, id int64) (*Detail, error) {
 	}
 	d := &Detail{TaskInfo: *info, PayloadBytes: len(info.Task.Payload)}
 	var next int64
-	err = q.QueryRowContext(ctx, "SELECT attempts, lease_owner, next_attempt_ms FROM delay_task WHERE id = ?", id).Scan(&d.Attempts, &d.LeaseOwner, &next)
+	err = q.QueryRowContext(ctx, "SELECT lease_owner, next_attempt_ms FROM delay_task WHERE id = ?", id).Scan(&d.LeaseOwner, &next)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}

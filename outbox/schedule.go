@@ -235,7 +235,7 @@ func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State
 
 // selectInfo lists the columns scanInfo reads.
 const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace, state, generation,
-  publish_attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
+  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // Get reads the task (topic, key), or returns ErrNotFound.
 func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
@@ -259,7 +259,7 @@ func scanInfo(s scanner) (*TaskInfo, error) {
 		state                   string
 	)
 	if err := s.Scan(&i.ID, &i.Task.Topic, &key, &dueMS, &i.Task.Payload, &headers, &trace, &state, &i.Generation,
-		&i.PublishAttempts, &i.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
+		&i.PublishAttempts, &i.Attempts, &i.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
 		return nil, err
 	}
 	i.Task.Key = string(key)

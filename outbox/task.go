@@ -63,11 +63,15 @@ type Task struct {
 
 // TaskInfo is a task row as Get returns it.
 type TaskInfo struct {
-	ID              int64
-	Task            Task
-	State           State
-	Generation      int64
+	ID         int64
+	Task       Task
+	State      State
+	Generation int64
+	// PublishAttempts counts the relay's publishes of this generation
+	// (failed ones included); Attempts is the handler attempt the
+	// consumer last recorded (0 until a handler failed once).
 	PublishAttempts int
+	Attempts        int
 	Rescues         int
 	LastError       string
 	CreatedAt       time.Time

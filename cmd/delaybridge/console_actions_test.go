@@ -131,3 +131,82 @@ func (b *consoleBundle) taskID(t *testing.T, key string) int64 {
 	}
 	return id
 }
+
+// A genuine next-page link of a search by topic, reused in a search that
+// pages in due order (a state filter, or the dead list), is refused without
+// showing what the cursor holds: the last key of the page, which the
+// console shows only when asked (and logs).
+func TestConsole_ACursorFromAnotherSearchShowsNoKey(t *testing.T) {
+	testenv.SkipIfShort(t, "needs MariaDB")
+	b := setupConsole(t, false)
+	ctx := context.Background()
+	var keys []string
+	for i := range 60 {
+		key := fmt.Sprintf("cursor-secret-%03d", i)
+		keys = append(keys, key)
+		if _, err := outbox.Schedule(ctx, b.db, outbox.Task{Topic: "paged", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, page := b.get(t, "/tasks?topic=paged")
+	m := nextLink.FindStringSubmatch(page)
+	if code != http.StatusOK || m == nil {
+		t.Fatalf("first page %d without a next link:\n%s", code, page)
+	}
+	u, err := url.Parse(html.UnescapeString(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := u.Query().Get("after")
+	for _, path := range []string{
+		"/tasks?" + url.Values{"topic": {"paged"}, "state": {"pending"}, "after": {after}}.Encode(),
+		"/tasks?" + url.Values{"after": {after}}.Encode(),
+		"/dead?" + url.Values{"after": {after}}.Encode(),
+	} {
+		code, body := b.get(t, path)
+		if code != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400", path, code)
+		}
+		for _, k := range keys {
+			if strings.Contains(body, hex.EncodeToString([]byte(k))) || strings.Contains(body, k) {
+				t.Fatalf("%s shows the key %s:\n%s", path, k, body)
+			}
+		}
+	}
+}
+
+// The lists' attempts column shows the handler's attempts beside the
+// relay's publishes: a task the consumer gave up on after 5 handler
+// attempts, published once, reads "5 / 1", on the dead list and in a
+// search.
+func TestConsole_ListsShowHandlerAndPublishAttempts(t *testing.T) {
+	testenv.SkipIfShort(t, "needs MariaDB")
+	b := setupConsole(t, false)
+	mustExec(t, b.db, "UPDATE delay_task SET attempts = 5, publish_attempts = 1 WHERE id = ?", b.ids["k-dead"])
+	row := regexp.MustCompile(fmt.Sprintf(`(?s)data-id="%d".*?</tr>`, b.ids["k-dead"]))
+	for _, path := range []string{"/dead", "/tasks?" + url.Values{"topic": {consoleTopic}, "state": {"dead"}}.Encode()} {
+		code, page := b.get(t, path)
+		tr := row.FindString(page)
+		if code != http.StatusOK || !strings.Contains(tr, `<td class="n">5 / 1</td>`) {
+			t.Errorf("%s (%d): the dead task's row %q does not read 5 handler / 1 publish attempts", path, code, tr)
+		}
+	}
+}
+
+// Before any background count, the overview and the dead list say the
+// dead tasks are not counted rather than show 0 beside a dead task.
+func TestConsole_DeadNotCountedYetIsNotZero(t *testing.T) {
+	testenv.SkipIfShort(t, "needs MariaDB")
+	b := setupConsole(t, false)
+	mustExec(t, b.db, "DELETE FROM delay_task_stats")
+	mustExec(t, b.db, "DELETE FROM delay_task_stats_run")
+	code, page := b.get(t, "/")
+	if code != http.StatusOK || !strings.Contains(page, `id="dead-count">?</span> dead (not counted yet`) {
+		t.Errorf("overview (%d) without a count:\n%s", code, page)
+	}
+	code, page = b.get(t, "/dead")
+	if code != http.StatusOK || strings.Contains(page, `id="dead-total"`) || !strings.Contains(page, "not counted yet") ||
+		!strings.Contains(page, fmt.Sprintf(`data-id="%d"`, b.ids["k-dead"])) {
+		t.Errorf("dead list (%d) without a count:\n%s", code, page)
+	}
+}

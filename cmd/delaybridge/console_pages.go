@@ -274,7 +274,6 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 		}
 		t.Up++
 		st := so.D.Stats
-		t.Dead += st.Dead
 		t.Overdue += st.Overdue
 		t.DueTotal += so.D.DueTotal
 		if !st.OldestPendingDue.IsZero() && (t.OldestPendingDue.IsZero() || st.OldestPendingDue.Before(t.OldestPendingDue)) {
@@ -284,6 +283,7 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 			t.Uncounted = append(t.Uncounted, so.Name)
 			continue
 		}
+		t.Dead += st.Dead
 		t.Done += st.Done
 		t.Cancelled += st.Cancelled
 		for _, b := range so.D.Backlog {
@@ -488,7 +488,7 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 		d.Key = printable(t.Task.Key)
 		p := t.Task.Payload
 		if len(p) > revealLimit {
-			p, d.Cut = p[:revealLimit], true
+			p, d.Cut = cutText(p, revealLimit), true
 		}
 		if utf8.Valid(p) {
 			d.Payload = string(p)
@@ -569,15 +569,47 @@ func timeline(t *outbox.Detail, now time.Time) []event {
 	if t.LastError != "" && t.State != outbox.StateDead {
 		ev = append(ev, event{time.Time{}, "last error: " + shortText(300, t.LastError)})
 	}
-	// Timed events in order; untimed ones keep their place after the
-	// timed event before them.
-	slices.SortStableFunc(ev, func(a, b event) int {
-		if a.At.IsZero() || b.At.IsZero() {
-			return 0
+	return orderEvents(ev)
+}
+
+// orderEvents puts timed events in time order; an untimed one stays right
+// after the timed event before it (the first event is always timed).
+func orderEvents(ev []event) []event {
+	type keyed struct {
+		at time.Time
+		e  event
+	}
+	ks := make([]keyed, len(ev))
+	var at time.Time
+	for i, e := range ev {
+		if !e.At.IsZero() {
+			at = e.At
 		}
-		return a.At.Compare(b.At)
-	})
+		ks[i] = keyed{at, e}
+	}
+	slices.SortStableFunc(ks, func(a, b keyed) int { return a.at.Compare(b.at) })
+	for i, k := range ks {
+		ev[i] = k.e
+	}
 	return ev
+}
+
+// cutText returns at most n bytes of p, less the start of a UTF-8
+// sequence the cut split, so cutting valid text leaves valid text.
+func cutText(p []byte, n int) []byte {
+	if len(p) <= n {
+		return p
+	}
+	p = p[:n]
+	for i := len(p) - 1; i >= 0 && i >= len(p)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(p[i]) {
+			if !utf8.FullRune(p[i:]) {
+				return p[:i]
+			}
+			break
+		}
+	}
+	return p
 }
 
 // plannedHops lists the hops the broker limits in effect plan for a task
@@ -735,8 +767,11 @@ func (k keyless) Unwrap() error { return k.err }
 // ---------------------------------------------------------------- dead tasks
 
 type deadData struct {
-	Now  time.Time
-	Dead int
+	Now time.Time
+	// Dead is the background count's total; Counted is false when there
+	// has been none yet (no delaybridge run counted this database).
+	Dead    int
+	Counted bool
 	// Shard is the shard shown, "" on an unsharded console.
 	Shard string
 	Page  *outbox.SearchPage
@@ -772,7 +807,7 @@ func (c *console) dead(w http.ResponseWriter, r *http.Request) {
 		c.failOn(w, r, sh, err)
 		return
 	}
-	d := &deadData{Now: c.now(), Dead: st.Dead, Shard: sh.name, Page: page}
+	d := &deadData{Now: c.now(), Dead: st.Dead, Counted: !st.CountsAt.IsZero(), Shard: sh.name, Page: page}
 	if page.Next != "" {
 		d.Next = withShard("/dead?"+url.Values{"after": {c.csrf.sealCursor(page.Next)}}.Encode(), sh.name)
 	}

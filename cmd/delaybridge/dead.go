@@ -47,9 +47,9 @@ func newDeadCmd(a *app) *cobra.Command {
 				return json.NewEncoder(a.stdout).Encode(out)
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "TOPIC\tKEY\tDUE\tATTEMPTS\tLAST ERROR")
+			fmt.Fprintln(w, "TOPIC\tKEY\tDUE\tHANDLER ATTEMPTS\tPUBLISH ATTEMPTS\tLAST ERROR")
 			for _, d := range dead {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", printable(d.Task.Topic), printable(d.Task.Key), d.Task.DueAt.Format(time.RFC3339), d.PublishAttempts, printable(d.LastError))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", printable(d.Task.Topic), printable(d.Task.Key), d.Task.DueAt.Format(time.RFC3339), d.Attempts, d.PublishAttempts, printable(d.LastError))
 			}
 			w.Flush()
 			fmt.Fprintf(a.stdout, "%d dead task(s)\n", len(dead))

@@ -98,8 +98,8 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 		_ = enc.Encode(infoJSON(i))
 		return
 	}
-	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    %d\nrescues:     %d\npayload:     %d bytes\n",
-		i.ID, printable(i.Task.Topic), printable(i.Task.Key), i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    handler %d, publish %d\nrescues:     %d\npayload:     %d bytes\n",
+		i.ID, printable(i.Task.Topic), printable(i.Task.Key), i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
 	if !i.PublishedAt.IsZero() {
 		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
 	}
@@ -114,7 +114,7 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 func infoJSON(i *outbox.TaskInfo) map[string]any {
 	m := map[string]any{
 		"id": i.ID, "topic": i.Task.Topic, "key": i.Task.Key, "state": i.State, "due": i.Task.DueAt,
-		"generation": i.Generation, "publish_attempts": i.PublishAttempts, "rescues": i.Rescues,
+		"generation": i.Generation, "publish_attempts": i.PublishAttempts, "attempts": i.Attempts, "rescues": i.Rescues,
 		"payload_bytes": len(i.Task.Payload), "last_error": i.LastError, "created": i.CreatedAt,
 	}
 	if !i.PublishedAt.IsZero() {
