@@ -112,13 +112,14 @@ func ExampleClient_Overdue() {
 		log.Fatal(err)
 	}
 	// Due 3 s out, so the first look comes before it even when the commit
-	// is slow.
+	// is slow. The id is new on every run, as in Example.
+	order3 := fmt.Sprintf("order-3-%d", time.Now().UnixNano())
 	due := time.Now().Add(3 * time.Second)
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES ('order-3', 'UNPAID')"); err != nil {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", order3); err != nil {
 			return err
 		}
-		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: "order-3", DueAt: due})
+		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: order3, DueAt: due})
 		return err
 	})
 	if err != nil {
@@ -138,12 +139,52 @@ func ExampleClient_Overdue() {
 		}
 		return "stored " + status + ", shown " + status
 	}
-	fmt.Println("before the cancel time:", show("order-3"))
+	fmt.Println("before the cancel time:", show(order3))
 	time.Sleep(time.Until(due.Add(200 * time.Millisecond))) // no handler runs in this example
-	fmt.Println("after the cancel time: ", show("order-3"))
+	fmt.Println("after the cancel time: ", show(order3))
 	// Output:
 	// before the cancel time: stored UNPAID, shown UNPAID
 	// after the cancel time:  stored UNPAID, shown EXPIRED
+}
+
+// Extending a deadline: a shipped order is confirmed automatically 7 days
+// after shipping, and a buyer who asks for more time moves that task to
+// 10 days, in the transaction that records the request. The task keeps its
+// key; a message of its old due time that is already in the broker is
+// skipped when it arrives (its generation is older). Reschedule needs no
+// broker and no Start.
+func ExampleClient_Reschedule() {
+	ctx := context.Background()
+	cfg, db := openOrders(ctx)
+	defer db.Close()
+	client, err := delaybridge.NewClient(db, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	order := fmt.Sprintf("order-4-%d", time.Now().UnixNano())
+	shipped := time.Now()
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
+		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-confirm", Key: order, DueAt: shipped.Add(7 * 24 * time.Hour)})
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
+		// A task already handled (or cancelled) returns outbox.ErrFinished:
+		// too late to extend.
+		return client.Reschedule(ctx, tx, "order-confirm", order, shipped.Add(10*24*time.Hour))
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	info, err := client.Get(ctx, db, "order-confirm", order)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s, due %.0f days after shipping\n", info.State, info.Task.DueAt.Sub(shipped).Hours()/24)
+	// Output:
+	// pending, due 10 days after shipping
 }
 
 // The service that runs the handlers exports the consumer's series (its

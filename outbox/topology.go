@@ -289,6 +289,9 @@ WHERE seen_ms >= `+dbNowMS+` - ? ORDER BY instance`, expiry.Milliseconds())
 	return out, rows.Err()
 }
 
+// UnconsumedScan is how many overdue tasks Unconsumed reads at most.
+const UnconsumedScan = overdueScan
+
 // Unconsumed returns the topics that have published tasks overdue by more
 // than grace and no live consumer presence (within expiry), with how many
 // such tasks each: the tasks a consumer with another prefix or group, or no
@@ -296,6 +299,7 @@ WHERE seen_ms >= `+dbNowMS+` - ? ORDER BY instance`, expiry.Milliseconds())
 // oldest overdueScan overdue tasks at most, so its cost stays bounded
 // however many there are; the counts are then lower bounds. A topic whose
 // consumers do not announce themselves (Announce) shows here too.
+// When the counts add up to UnconsumedScan, each is a lower bound.
 func Unconsumed(ctx context.Context, q Querier, now time.Time, grace, expiry time.Duration) (map[string]int, error) {
 	cutoff := now.Add(-grace).UnixMilli()
 	rows, err := q.QueryContext(ctx, `SELECT topic, COUNT(*) FROM (

@@ -81,8 +81,21 @@ func printUnconsumed(w io.Writer, topics map[string]int) {
 		names = append(names, t)
 	}
 	sort.Strings(names)
+	total := 0
+	for _, n := range topics {
+		total += n
+	}
+	// The check reads the oldest UnconsumedScan overdue tasks only: when it
+	// saw that many, each count may be short.
+	atLeast := ""
+	if total >= outbox.UnconsumedScan {
+		atLeast = "at least "
+	}
 	for _, t := range names {
-		fmt.Fprintf(w, "NO CONSUMER: topic %s has %d overdue tasks and no live consumer (none running, or one whose prefix or group differs from the relay's)\n",
-			printable(t), topics[t])
+		fmt.Fprintf(w, "NO CONSUMER: topic %s has %s%d overdue tasks and no live consumer (none running, or one whose prefix or group differs from the relay's)\n",
+			printable(t), atLeast, topics[t])
+	}
+	if atLeast != "" {
+		fmt.Fprintf(w, "(these counts come from the oldest %d overdue tasks only)\n", outbox.UnconsumedScan)
 	}
 }

@@ -17,6 +17,10 @@
 //
 // It replaces the demo_orders and demo_inventory tables and its topic's
 // tasks in the configured database.
+//
+// Its order service (the Schedule, Cancel and Overdue calls) is
+// internal/orders, which Go lets only this module import: to start a
+// service of your own from it, copy internal/orders/orders.go.
 package main
 
 import (
