@@ -1,6 +1,7 @@
 package delaybridge
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -219,7 +220,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
 	fs.StringSliceVar(&c.AMQPNodes, "amqp-nodes", c.AMQPNodes, "the other nodes of --amqp-url's RabbitMQ cluster as host:port, comma-separated; they take --amqp-url's credentials, vhost and TLS, and every reconnect moves on to the next node that answers")
 	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
-	fs.StringVar(&c.RabbitPrefix, "rabbit-prefix", c.RabbitPrefix, "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
+	fs.Var(nonEmpty{&c.RabbitPrefix}, "rabbit-prefix", "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
 	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
 	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile; the relay's default lookahead equals it (0 = the default, 10s or half of one ladder hop if less; negative = none)")
 	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
@@ -243,10 +244,32 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 // prefetch, RocketMQ consumer groups and topic creation.
 func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead)")
-	fs.StringVar(&c.RocketGroupPrefix, "rocketmq-group-prefix", c.RocketGroupPrefix, "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
+	fs.Var(nonEmpty{&c.RocketGroupPrefix}, "rocketmq-group-prefix", "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
 	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
 	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "a consumer creates its topics, their retry topics and the dead-letter topic on --rocketmq-broker-addr when it starts (demo and bench always do)")
 }
+
+// nonEmpty is a string flag that refuses "": a setting whose zero value
+// means its default in Config would otherwise take an empty flag for the
+// default, unannounced (another prefix than the one asked for).
+type nonEmpty struct{ p *string }
+
+func (s nonEmpty) String() string {
+	if s.p == nil {
+		return ""
+	}
+	return *s.p
+}
+
+func (s nonEmpty) Set(v string) error {
+	if v == "" {
+		return errors.New("must not be empty")
+	}
+	*s.p = v
+	return nil
+}
+
+func (s nonEmpty) Type() string { return "string" }
 
 // Keyring parses SigningKeys, nil when unset.
 func (c Config) Keyring() (broker.Keyring, error) {

@@ -72,6 +72,9 @@ func TestLoadConfig_BadInputIsAClearError(t *testing.T) {
 		{name: "unknown flag", args: []string{"--no-such-flag"}, want: "unknown flag: --no-such-flag"},
 		{name: "unknown file key", file: "mysql_dsn = x\n", want: `unknown setting "mysql_dsn"`},
 		{name: "bad env value", env: map[string]string{"DELAYBRIDGE_RABBIT_DEPTH": "deep"}, want: "DELAYBRIDGE_RABBIT_DEPTH"},
+		{name: "config in a config file", file: "config = /etc/other.conf\n", want: "a config file cannot name another"},
+		{name: "empty prefix", args: []string{"--rabbit-prefix", ""}, want: "must not be empty"},
+		{name: "empty group prefix in the file", file: "rocketmq-group-prefix =\n", want: "rocketmq-group-prefix: must not be empty"},
 		{name: "secret twice", env: map[string]string{"DELAYBRIDGE_AMQP_URL": "amqp://a", "DELAYBRIDGE_AMQP_URL_FILE": filepath.Join(dir, "none")}, want: "--amqp-url and --amqp-url-file are both set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -133,6 +133,10 @@ func ApplyEnvAndFileShared(fs *pflag.FlagSet, file, who string, known func(name 
 		if fromFile, err = ParseConfigFile(f); err != nil {
 			return false, fmt.Errorf("config file %s: %w", file, err)
 		}
+		if _, ok := fromFile["config"]; ok {
+			// Read only after this file, it would be ignored.
+			return false, fmt.Errorf("config file %s: a config file cannot name another (config = ...): put those settings in this one", file)
+		}
 		for name := range fromFile {
 			if fs.Lookup(name) == nil {
 				if known != nil && known(name) {

@@ -72,7 +72,7 @@ func NewCleaner(db *sql.DB, cfg CleanerConfig) *Cleaner {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultCleanerInterval
 	}
-	if cfg.Duty <= 0 || cfg.Duty > 1 {
+	if !(cfg.Duty > 0 && cfg.Duty <= 1) { // NaN too
 		cfg.Duty = DefaultCleanerDuty
 	}
 	if cfg.Logger == nil {

@@ -417,7 +417,18 @@ func checkURL(raw string) error {
 	case strings.ContainsFunc(raw, unicode.IsControl):
 		err = errors.New("it holds a control character (a tab or a line break?)")
 	case errors.As(err, &urlErr):
-		err = errors.New(`it does not parse: percent-encode any reserved character ("?", "#", "@", ":", "/") in the user name and password`)
+		// Classified, not quoted: net/url's message may hold a piece of
+		// the password.
+		var hostErr url.InvalidHostError
+		msg := urlErr.Err.Error()
+		switch {
+		case strings.HasPrefix(msg, "invalid port"):
+			err = errors.New("its port is not a number (or a '/' or ':' in the password is not percent-encoded)")
+		case errors.As(urlErr.Err, &hostErr) || strings.Contains(msg, "in host") || strings.Contains(msg, "missing ']'"):
+			err = errors.New("its host is not valid (an IPv6 address goes in brackets: amqp://user:pass@[::1]:5672/), or a reserved character in the password is not percent-encoded")
+		default:
+			err = errors.New(`it does not parse: percent-encode any reserved character ("?", "#", "@", ":", "/") in the user name and password`)
+		}
 	case errors.As(err, &numErr):
 		err = errors.New("its port is not a number (is a '/' or ':' in the password not percent-encoded?)")
 	}

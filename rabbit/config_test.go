@@ -39,6 +39,22 @@ func TestNewPublisher_MalformedURLErrorHidesThePassword(t *testing.T) {
 	}
 }
 
+// The error says which part of a malformed URL to fix: a port that is not
+// a number, a host that is not one, or a reserved character in the
+// credentials.
+func TestCheckURL_SaysWhichPartIsWrong(t *testing.T) {
+	for _, c := range []struct{ raw, want string }{
+		{"amqp://u:pw@127.0.0.1:notaport/", "port is not a number"},
+		{"amqp://u:pw@[::1/", "host is not valid"},
+		{"amqp://u:p%zz@127.0.0.1:5672/", "percent-encode"},
+	} {
+		err := checkURL(c.raw)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("checkURL(%q) = %v, want it to say %q", c.raw, err, c.want)
+		}
+	}
+}
+
 // A ladder whose longest hop, less the lead, is under one unit would
 // deliver every hop at once and hop the message again without end.
 func TestConfig_RefusesALadderWhoseHopsCannotMakeProgress(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -170,10 +172,17 @@ func (o *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.floor, "floor", false, "first run the same workload through --database-only's in-process broker, then through --broker, in this one process, and report both: the floor is what the database and this process alone allow on this box at that moment, so the broker run's lateness above it is the broker's share (the summary's floor lines and the JSON key floor; scripts/bench-cpu.sh prints both runs' due windows)")
 }
 
+// maxBenchTasks bounds --tasks: the bench tracks each task (its due time,
+// handled time and runs) in memory.
+const maxBenchTasks = 10_000_000
+
 // check checks the workload flags and returns the relay's lookahead.
 func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 	if o.tasks <= 0 || o.producers <= 0 || o.perTx <= 0 || (o.handler != "noop" && o.handler != "db") {
 		return 0, fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
+	}
+	if o.tasks > maxBenchTasks {
+		return 0, fmt.Errorf("--tasks %d: at most %d (the bench keeps a few bytes a task in memory)", o.tasks, maxBenchTasks)
 	}
 	if err := broker.ValidateTopic(o.topic); err != nil {
 		return 0, fmt.Errorf("--topic: %w", err)
@@ -185,10 +194,10 @@ func (o *benchFlags) check(fs *pflag.FlagSet) (time.Duration, error) {
 		return 0, fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", o.relayWkrs)
 	}
 	switch {
-	case o.rate < 0:
-		return 0, fmt.Errorf("--rate %v: need 0 (as fast as possible) or more", o.rate)
-	case o.delay < 0 || o.spread < 0:
-		return 0, fmt.Errorf("--delay %v, --spread %v: neither may be negative", o.delay, o.spread)
+	case !(o.rate >= 0) || math.IsInf(o.rate, 1): // NaN fails the first
+		return 0, fmt.Errorf("--rate %v: need 0 (as fast as possible) or a finite rate", o.rate)
+	case o.delay < 0 || o.spread < 0 || o.wait < 0:
+		return 0, fmt.Errorf("--delay %v, --spread %v, --wait %v: none may be negative", o.delay, o.spread, o.wait)
 	case o.relayBatch < 1:
 		return 0, fmt.Errorf("--relay-batch %d: need 1 or more", o.relayBatch)
 	case o.group < 1:
@@ -254,6 +263,13 @@ applied twice.`,
 			if err != nil {
 				return err
 			}
+			ln, err := a.listenMetrics(o.httpAddr)
+			if err != nil {
+				return err
+			}
+			if ln != nil {
+				defer ln.Close()
+			}
 			if o.cpuProfile != "" {
 				f, err := os.Create(o.cpuProfile)
 				if err != nil {
@@ -265,7 +281,7 @@ applied twice.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			b := &benchSession{a: a, o: o, ahead: ahead}
+			b := &benchSession{a: a, o: o, ahead: ahead, httpLn: ln}
 			defer b.close()
 			return b.execute(ctx)
 		},
@@ -280,6 +296,9 @@ type benchSession struct {
 	a     *app
 	o     *benchFlags
 	ahead time.Duration // the relay's lookahead setting
+	// httpLn is where --http serves /metrics, nil when off: listened on
+	// before the session touches the database.
+	httpLn net.Listener
 	// inProcess: cl is the in-process broker (--database-only, or the
 	// floor's run); floorRun: this is the floor's run, reported in a line.
 	inProcess, floorRun bool
@@ -441,11 +460,7 @@ func (b *benchSession) open(ctx context.Context) error {
 	cl := ses.cl
 	b.cl = cl
 	b.m = newMetrics(db, 30*time.Second, a.log)
-	stopHTTP, err := a.serveMetrics(o.httpAddr, b.m, db, cl.addr)
-	if err != nil {
-		return err
-	}
-	b.closers = append(b.closers, stopHTTP)
+	b.closers = append(b.closers, a.serveMetricsOn(b.httpLn, b.m, db, cl.addr))
 	return nil
 }
 

@@ -51,8 +51,17 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if orders <= 0 || timeout <= 0 || payRatio < 0 || payRatio > 1 {
-				return fmt.Errorf("need --orders > 0, --timeout > 0 and 0 <= --pay-ratio <= 1")
+			if orders <= 0 || timeout <= 0 || !(payRatio >= 0 && payRatio <= 1) || spread < 0 || wait < 0 {
+				return fmt.Errorf("need --orders > 0, --timeout > 0, 0 <= --pay-ratio <= 1, --spread >= 0 and --wait >= 0")
+			}
+			// Before anything touches the database: a bad --http changes
+			// nothing.
+			ln, err := a.listenMetrics(httpAddr)
+			if err != nil {
+				return err
+			}
+			if ln != nil {
+				defer ln.Close()
 			}
 			a.useDevDefaults(&bf)
 			ses, err := a.openSession(ctx, &bf, true, true)
@@ -63,11 +72,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			db, cl := ses.db, ses.cl
 
 			m := newMetrics(db, 30*time.Second, a.log)
-			stopHTTP, err := a.serveMetrics(httpAddr, m, db, cl.addr)
-			if err != nil {
-				return err
-			}
-			defer stopHTTP()
+			defer a.serveMetricsOn(ln, m, db, cl.addr)()
 			work, stopWork := context.WithCancel(ctx)
 			defer stopWork()
 			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.RelayHooks()})

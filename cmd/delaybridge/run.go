@@ -90,6 +90,10 @@ back (up to --drain) and exits 0.`,
 			if err := relayCfg.Check(broker.Limits{}); err != nil {
 				return fmt.Errorf("relay settings (--lookahead, --relay-*, --publish-timeout): %w", err)
 			}
+			if httpAddr == "" {
+				// net.Listen would take "" for every interface and any port.
+				return fmt.Errorf("--http: empty; give the address of the metrics and health endpoint, such as %s (run always serves it)", defaultRunHTTP)
+			}
 			ln, err := a.listenHTTP(httpAddr)
 			if err != nil {
 				return err
@@ -182,7 +186,7 @@ back (up to --drain) and exits 0.`,
 	}
 	f := cmd.Flags()
 	bf.registerRelay(f)
-	f.StringVar(&httpAddr, "http", "127.0.0.1:9464", "address of the metrics and health endpoint")
+	f.StringVar(&httpAddr, "http", defaultRunHTTP, "address of the metrics and health endpoint")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", outbox.DefaultBatchSize, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
@@ -201,6 +205,9 @@ back (up to --drain) and exits 0.`,
 	return cmd
 }
 
+// defaultRunHTTP is run's --http: loopback only.
+const defaultRunHTTP = "127.0.0.1:9464"
+
 // checkRunFlags refuses run's numeric settings that mean nothing, rather
 // than let a default stand in for them unannounced.
 func checkRunFlags(batch int, cleanDuty float64, mTopics int, retention, grace, drain, pubWait, statsEach time.Duration, maxBytes int64) error {
@@ -208,7 +215,7 @@ func checkRunFlags(batch int, cleanDuty float64, mTopics int, retention, grace, 
 	if batch < 1 {
 		bad = append(bad, fmt.Sprintf("--batch %d: want 1 or more", batch))
 	}
-	if cleanDuty <= 0 || cleanDuty > 1 {
+	if !(cleanDuty > 0 && cleanDuty <= 1) { // NaN fails both
 		bad = append(bad, fmt.Sprintf("--cleaner-duty %v: want more than 0 and at most 1", cleanDuty))
 	}
 	if mTopics < 1 {
@@ -238,15 +245,21 @@ func checkRunFlags(batch int, cleanDuty float64, mTopics int, retention, grace, 
 	return nil
 }
 
-// serveMetrics serves m on addr until the returned stop is called; an
-// empty addr serves nothing.
-func (a *app) serveMetrics(addr string, m *metrics, db *sql.DB, brokerAddr string) (stop func(), err error) {
+// listenMetrics listens on addr for serveMetricsOn, nil for an empty addr:
+// demo and bench listen before they touch the database, so a bad --http
+// changes nothing.
+func (a *app) listenMetrics(addr string) (net.Listener, error) {
 	if addr == "" {
-		return func() {}, nil
+		return nil, nil
 	}
-	ln, err := a.listenHTTP(addr)
-	if err != nil {
-		return nil, err
+	return a.listenHTTP(addr)
+}
+
+// serveMetricsOn serves m on ln (nothing when ln is nil) until the
+// returned stop is called.
+func (a *app) serveMetricsOn(ln net.Listener, m *metrics, db *sql.DB, brokerAddr string) (stop func()) {
+	if ln == nil {
+		return func() {}
 	}
 	srv := newHTTPServer(a.httpHandler(m, db, brokerAddr))
 	go func() { _ = srv.Serve(ln) }()
@@ -255,7 +268,7 @@ func (a *app) serveMetrics(addr string, m *metrics, db *sql.DB, brokerAddr strin
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, nil
+	}
 }
 
 // httpHandler serves metrics and health.

@@ -388,7 +388,13 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--broker", "rocket", "--rocketmq-group-prefix", "a b"}, "Config.GroupPrefix"},
 		{[]string{"--broker", "rocket", "--rocketmq-queues", "-4"}, "--rocketmq-queues -4"},
 		{[]string{"--rate", "-5"}, "--rate -5: need 0"},
-		{[]string{"--spread", "-1s"}, "neither may be negative"},
+		{[]string{"--spread", "-1s"}, "none may be negative"},
+		{[]string{"--wait", "-1h"}, "none may be negative"},
+		{[]string{"--rate", "NaN"}, "--rate NaN: need 0"},
+		{[]string{"--rate", "+Inf"}, "--rate +Inf: need 0"},
+		{[]string{"--tasks", "9223372036854775807"}, "--tasks 9223372036854775807: at most"},
+		{[]string{"--http", "nonsense"}, "--http nonsense"},
+		{[]string{"--rabbit-prefix", ""}, `invalid argument "" for "--rabbit-prefix" flag: must not be empty`},
 		{[]string{"--relay-batch", "0"}, "--relay-batch 0: need 1"},
 		{[]string{"--group", "-1"}, "--group -1: need 1"},
 	} {
@@ -412,11 +418,29 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--publish-timeout", "0s"}, "--publish-timeout 0s"},
 		{[]string{"--relay-batch-bytes", "0"}, "--relay-batch-bytes 0"},
 		{[]string{"--http", "127.0.0.1:notaport"}, "notaport"},
+		{[]string{"--http", ""}, "--http: empty"},
+		{[]string{"--cleaner-duty", "NaN"}, "--cleaner-duty NaN"},
+		{[]string{"--rabbit-prefix", ""}, "must not be empty"},
 		{[]string{"--rabbit-depth", "-1"}, "--rabbit-depth -1"},
 	} {
 		_, _, err := run(t, append([]string{"run", "--mysql-dsn", dsn, "--amqp-url", "amqp://delaybridge:delaybridge@127.0.0.1:5672/", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+	// demo checks its flags, --http too, before it migrates the database.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http", "nonsense"}, "--http nonsense"},
+		{[]string{"--pay-ratio", "NaN"}, "0 <= --pay-ratio <= 1"},
+		{[]string{"--spread", "-5s"}, "--spread >= 0"},
+		{[]string{"--wait", "-1h"}, "--wait >= 0"},
+	} {
+		_, _, err := run(t, append([]string{"demo", "--mysql-dsn", dsn, "--orders", "5", "--log-level", "error"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("demo %v: err = %v, want %q", c.args, err, c.want)
 		}
 	}
 	// A refused bench neither creates nor truncates its --cpuprofile.
@@ -478,6 +502,6 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n != 0 {
-		t.Fatalf("bench made %d tables in the scratch database while refusing its flags", n)
+		t.Fatalf("bench, demo or run made %d tables in the scratch database while refusing their flags", n)
 	}
 }
