@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/delaybridge/delaybridge/outbox"
 )
 
 //go:embed console/*.html console/*.css
@@ -104,6 +106,9 @@ See docs/console.md.`,
 				return err
 			}
 			defer closeShards(shards)
+			if err := checkConsoleSchemas(ctx, a, shards); err != nil {
+				return err
+			}
 			c, err := newConsole(a, shards, &bf, &sf, cred, opts)
 			if err != nil {
 				return err
@@ -153,6 +158,32 @@ See docs/console.md.`,
 	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue (0 or more)")
 	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks (more than 0)")
 	return cmd
+}
+
+// checkConsoleSchemas refuses to serve a database that lacks a migration
+// this binary ships, as run does (outbox.CheckSchema): its pages would
+// fail with 500s, and its actions would change a schema they do not know.
+// A --shard that does not answer at start is left to be shown as down
+// (openConsoleShards logged it); one that answers is checked like the
+// single database.
+func checkConsoleSchemas(ctx context.Context, a *app, shards []*consoleShard) error {
+	for _, sh := range shards {
+		cctx, cancel := context.WithTimeout(ctx, shardPingTimeout)
+		err := outbox.CheckSchema(cctx, sh.db)
+		if err != nil && sh.name != "" && sh.db.PingContext(cctx) != nil {
+			err = nil
+		}
+		cancel()
+		if err == nil {
+			continue
+		}
+		// As run's: the server's answer, which holds no DSN to scrub.
+		if sh.name != "" {
+			return fmt.Errorf("--shard %s: %w", sh.name, err)
+		}
+		return fmt.Errorf("database %s: %w", redactDSN(sh.dsn), err)
+	}
+	return nil
 }
 
 // consoleTLS loads --tls-cert and --tls-key into the console's server TLS

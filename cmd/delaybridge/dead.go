@@ -34,7 +34,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			}
 			return nil
 		},
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, _ []string) error {
+		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, _ []string) error {
 			dead, err := outbox.ListDead(ctx, db, limit)
 			if err != nil {
 				return err
@@ -62,7 +62,7 @@ func newDeadCmd(a *app) *cobra.Command {
 		Use:   "replay TOPIC KEY",
 		Short: "Put a dead task back to pending with its attempts reset",
 		Args:  topicKeyArgs(2),
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			if err := outbox.Replay(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}

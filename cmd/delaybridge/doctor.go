@@ -121,6 +121,7 @@ func runDoctor(ctx context.Context, a *app, bf *brokerFlags, sf *shardFlags, pro
 	for _, w := range bf.warnings() {
 		r.warn("%s", w)
 	}
+	checkSigningKeys(bf, r)
 	if err := a.eachShard(ctx, sf, func(ctx context.Context, name string) error {
 		if name != "" {
 			r.scope = "shard " + name + ": "
@@ -140,6 +141,18 @@ func runDoctor(ctx context.Context, a *app, bf *brokerFlags, sf *shardFlags, pro
 		r.fail("--broker %q: want rabbit or rocket", bf.Broker)
 	}
 	return r
+}
+
+// checkSigningKeys parses --signing-keys as run does (Config.Keyring), so
+// keys run refuses fail here with run's words. Neither says a secret.
+func checkSigningKeys(bf *brokerFlags, r *report) {
+	ring, err := bf.Keyring()
+	switch {
+	case err != nil:
+		r.fail("%v", err)
+	case ring != nil:
+		r.ok("--signing-keys: %d key(s), %q signs", len(ring), ring[0].ID)
+	}
 }
 
 func checkDatabase(ctx context.Context, a *app, r *report) {

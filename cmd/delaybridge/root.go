@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/redact"
+	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
 
@@ -73,9 +75,9 @@ with an amqps:// URL, --rocketmq-tls; see SECURITY.md.`,
 			if err := applySecretFiles(cmd); err != nil {
 				return err
 			}
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(a.logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			lvl, err := parseLogLevel(a.logLevel)
+			if err != nil {
+				return err
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			if file != "" {
@@ -98,7 +100,52 @@ with an amqps:// URL, --rocketmq-tls; see SECURITY.md.`,
 	registerSecretFiles(pf)
 
 	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a), newConsoleCmd(a))
+	// Added now rather than by Execute, so requireSubcommand sees it too.
+	root.InitDefaultCompletionCmd()
+	requireSubcommand(root)
 	return root
+}
+
+// parseLogLevel reads --log-level: debug, info, warn or error, in any case
+// (slog's offsets such as warn+2 work too).
+func parseLogLevel(s string) (slog.Level, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return lvl, nil
+}
+
+// requireSubcommand makes every command under root that only groups others
+// (task, dead, completion) refuse an argument that names none of them:
+// cobra prints such a group's help and exits 0 on any arguments, so
+// "delaybridge task canel T K" in a script looked like success. Alone, a
+// group still prints its help. The root command itself refuses an unknown
+// command already.
+func requireSubcommand(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		if c.HasSubCommands() && !c.Runnable() {
+			c.Args = unknownSubcommand
+			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		}
+		requireSubcommand(c)
+	}
+}
+
+// unknownSubcommand refuses the arguments of a group command, naming the
+// first and the subcommands it is close to, as cobra does for the root.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	hint := ""
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		hint = "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	return fmt.Errorf("unknown command %q for %q%s (see %s --help)", args[0], cmd.CommandPath(), hint, cmd.CommandPath())
 }
 
 // dbConfig is the database part of the settings.
@@ -139,6 +186,32 @@ func (a *app) dbRun(fn func(ctx context.Context, db *sql.DB, args []string) erro
 		defer db.Close()
 		return fn(cmd.Context(), db, args)
 	}
+}
+
+// outboxRun is dbRun for the commands that read or change tasks (task,
+// dead). Their statements fail on a database that lacks the schema with
+// the server's "Table ... doesn't exist"; that error becomes
+// outbox.CheckSchema's, which names the missing migrations and says to
+// run delaybridge migrate, as status, doctor and run do. The schema is
+// read only after such a failure: the usual path costs no extra query.
+func (a *app) outboxRun(fn func(ctx context.Context, db *sql.DB, args []string) error) func(*cobra.Command, []string) error {
+	return a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+		err := fn(ctx, db, args)
+		if !schemaError(err) {
+			return err
+		}
+		if serr := outbox.CheckSchema(ctx, db); errors.Is(serr, outbox.ErrSchemaBehind) {
+			return serr
+		}
+		return err
+	})
+}
+
+// schemaError reports whether err is the server's refusal of a table or a
+// column the database does not have (MySQL errors 1146 and 1054).
+func schemaError(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1146 || me.Number == 1054)
 }
 
 // scrub removes every secret from err's message (see redact.Scrub).

@@ -26,7 +26,7 @@ func newTaskCmd(a *app) *cobra.Command {
 		Use:   "show TOPIC KEY",
 		Short: "Show a task's state, due time, attempts and last error",
 		Args:  topicKeyArgs(2),
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			info, err := outbox.Get(ctx, db, args[0], args[1])
 			if err != nil {
 				return err
@@ -40,7 +40,7 @@ func newTaskCmd(a *app) *cobra.Command {
 		Use:   "cancel TOPIC KEY",
 		Short: "Cancel a task that is not done yet",
 		Args:  topicKeyArgs(2),
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			if err := outbox.Cancel(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
@@ -57,7 +57,7 @@ func newTaskCmd(a *app) *cobra.Command {
 			_, err := parseWhen(args[2], time.Now())
 			return err
 		},
-		RunE: a.dbRun(func(ctx context.Context, db *sql.DB, args []string) error {
+		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, args []string) error {
 			due, err := parseWhen(args[2], time.Now())
 			if err != nil {
 				return err
