@@ -40,12 +40,13 @@ func TestSetHop_TimerModeSetsOnlyARelativeDelayWithinMaxHop(t *testing.T) {
 	for r, want := range map[time.Duration]string{
 		-time.Second:            "",
 		0:                       "",
-		1500 * time.Millisecond: "1500",
-		time.Hour:               "3600000",
+		50 * time.Millisecond:   "", // within the precision: sent as is, held by the consumer
+		1500 * time.Millisecond: "1400",
+		time.Hour:               "3599900",
 		50 * time.Hour:          "3600000",
 	} {
 		props := map[string]string{}
-		setHop(props, l.Plan(now, now.Add(r)))
+		setHop(props, timerLead(l, l.Plan(now, now.Add(r))))
 		if got := props[propTimerDelayMS]; got != want {
 			t.Errorf("remainder %v: %s=%q, want %q", r, propTimerDelayMS, got, want)
 		}
