@@ -90,6 +90,11 @@ type Config struct {
 	// RocketBrokerAddr is the broker where topics are created
 	// (--rocketmq-broker-addr).
 	RocketBrokerAddr string
+	// RocketConsumeGoroutines bounds the deliveries one RocketMQ consumer
+	// subscription holds unsettled, early ones held until due included
+	// (--rocketmq-consume-goroutines; consumers only). Default
+	// rocket.DefaultConsumeGoroutines.
+	RocketConsumeGoroutines int
 	// RocketQueues is the read and write queues of a topic created here
 	// (--rocketmq-queues; consumers only).
 	RocketQueues int
@@ -161,6 +166,8 @@ func DefaultConfig() Config {
 		RocketGroupPrefix:   rocket.DefaultGroupPrefix,
 		RocketBrokerAddr:    "127.0.0.1:10911",
 		RocketQueues:        8,
+
+		RocketConsumeGoroutines: rocket.DefaultConsumeGoroutines,
 	}
 }
 
@@ -181,6 +188,7 @@ func (c Config) withDefaults() Config {
 	fill(&c.RocketGroupPrefix, d.RocketGroupPrefix)
 	fill(&c.RocketBrokerAddr, d.RocketBrokerAddr)
 	fill(&c.RocketQueues, d.RocketQueues)
+	fill(&c.RocketConsumeGoroutines, d.RocketConsumeGoroutines)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -245,6 +253,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead)")
 	fs.Var(nonEmpty{&c.RocketGroupPrefix}, "rocketmq-group-prefix", "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
+	fs.IntVar(&c.RocketConsumeGoroutines, "rocketmq-consume-goroutines", c.RocketConsumeGoroutines, "deliveries each RocketMQ consumer subscription may hold unsettled, early ones held until due included: keep it above the due rate per topic per second × the brokers' timerPrecisionMs")
 	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
 	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "a consumer creates its topics, their retry topics and the dead-letter topic on --rocketmq-broker-addr when it starts (demo and bench always do)")
 }
@@ -378,7 +387,8 @@ func ParseLevels(s string) ([]time.Duration, error) {
 
 // RocketConfig returns the rocket adapter's configuration.
 func (c Config) RocketConfig() (rocket.Config, error) {
-	cfg := rocket.Config{GroupPrefix: c.RocketGroupPrefix, Logger: c.Logger, AccessKey: c.RocketAccessKey, SecretKey: c.RocketSecretKey, TLS: c.RocketTLS}
+	cfg := rocket.Config{GroupPrefix: c.RocketGroupPrefix, Logger: c.Logger, AccessKey: c.RocketAccessKey, SecretKey: c.RocketSecretKey, TLS: c.RocketTLS,
+		ConsumeGoroutines: c.RocketConsumeGoroutines}
 	if (c.RocketAccessKey == "") != (c.RocketSecretKey == "") {
 		return cfg, fmt.Errorf("--rocketmq-access-key and --rocketmq-secret-key go together")
 	}
@@ -407,6 +417,9 @@ func (c Config) RocketConfig() (rocket.Config, error) {
 	}
 	if len(cfg.NameServers) == 0 {
 		return cfg, &NotConfiguredError{Setting: "rocketmq-namesrv", What: "no RocketMQ name server configured"}
+	}
+	if c.RocketConsumeGoroutines < 0 || c.RocketConsumeGoroutines > rocket.MaxConsumeGoroutines {
+		return cfg, fmt.Errorf("--rocketmq-consume-goroutines %d: want 1 to %d (0 for the default, %d)", c.RocketConsumeGoroutines, rocket.MaxConsumeGoroutines, rocket.DefaultConsumeGoroutines)
 	}
 	if c.RocketQueues < 0 {
 		return cfg, fmt.Errorf("--rocketmq-queues %d: want 1 or more (0 for the default, 8)", c.RocketQueues)

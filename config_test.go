@@ -16,6 +16,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
@@ -210,6 +211,37 @@ func TestRabbitConfig_DeadLetteringFlag(t *testing.T) {
 		}
 		if err != nil || rc.DeadLettering != c.want {
 			t.Errorf("%v: DeadLettering = %v, %v; want %v", c.args, rc.DeadLettering, err, c.want)
+		}
+	}
+}
+
+// --rocketmq-consume-goroutines reaches the adapter; values the client
+// cannot take are refused with the range.
+func TestRocketConfig_ConsumeGoroutinesFlag(t *testing.T) {
+	clearEnv(t)
+	for _, c := range []struct {
+		args []string
+		want int
+		err  string
+	}{
+		{nil, rocket.DefaultConsumeGoroutines, ""},
+		{[]string{"--rocketmq-consume-goroutines", "4096"}, 4096, ""},
+		{[]string{"--rocketmq-consume-goroutines", "-1"}, 0, "want 1 to 100000"},
+		{[]string{"--rocketmq-consume-goroutines", "200000"}, 0, "want 1 to 100000"},
+	} {
+		cfg, err := delaybridge.LoadConfig(append([]string{"--broker", "rocket"}, c.args...))
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		rc, err := cfg.RocketConfig()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: err = %v, want %q", c.args, err, c.err)
+			}
+			continue
+		}
+		if err != nil || rc.ConsumeGoroutines != c.want {
+			t.Errorf("%v: ConsumeGoroutines %d (err %v), want %d", c.args, rc.ConsumeGoroutines, err, c.want)
 		}
 	}
 }

@@ -21,8 +21,10 @@ type Limits struct {
 	// is waited out by the consumer.
 	Levels []time.Duration
 	// Precision is how far from the asked delay the broker may deliver, early
-	// or late (a timer wheel slot, a ladder unit). The consumer holds a
-	// message that arrives up to this early. Zero means one millisecond.
+	// or late (a timer wheel slot, a ladder unit). An adapter may ask for up
+	// to this much before the due time (RocketMQ's timer publisher does), so
+	// the consumer holds a message that arrives up to twice this early
+	// (ConsumerConfig.HoldWindow). Zero means one millisecond.
 	Precision time.Duration
 	// Lookahead is the broker's advice to the relay: how long before its
 	// due time a task should move from the database into this broker when

@@ -84,7 +84,7 @@ func (b BrokerLimits) Resolve(l broker.Limits) (broker.Limits, error) {
 			ErrLimitsExceedBroker, l.MaxHop, b.TimerMaxDelay)
 	}
 	if l.Precision < b.TimerPrecision {
-		return l, fmt.Errorf("%w: configured precision %v, the broker's timerPrecisionMs is %v; a message may arrive up to the broker's precision early, so set it to at least that (or leave it unset)",
+		return l, fmt.Errorf("%w: configured precision %v, the broker's timerPrecisionMs is %v; the publisher's last hop asks a precision before due and the consumer holds what arrives up to twice that early, so a finer one makes messages late or hop again; set it to at least the broker's (or leave it unset)",
 			ErrLimitsExceedBroker, l.Precision, b.TimerPrecision)
 	}
 	return l, nil

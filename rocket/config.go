@@ -61,8 +61,14 @@ type Config struct {
 	// unsettled at once (each holds a client callback, a parked goroutine,
 	// until Ack or Nack). The runtime's group commit handles together what
 	// is waiting, so this bounds how large groups get under load, and the
-	// messages it holds early count against it too. Default
-	// DefaultConsumeGoroutines.
+	// messages it holds early count against it too: the last timer hop
+	// arrives up to one timerPrecisionMs before due (PlanHop), so keep it
+	// above the due rate per topic per second × the precision (5,000 a
+	// second with 100 ms slots hold about 500; with the broker's default
+	// 1 s slots, raise it above 1,024 tasks due a second per topic and
+	// consumer process, or a task may wait for a slot up to one precision
+	// past due). Default DefaultConsumeGoroutines, at most
+	// MaxConsumeGoroutines.
 	ConsumeGoroutines int
 	// ConsumeTimeout is how long a delivery may stay unsettled before the
 	// client gives it back to the broker on its own. Keep it above the
@@ -104,6 +110,9 @@ const (
 	// flight it finds one or two at a time and the database handler falls
 	// behind under load. RabbitMQ's prefetch plays the same part.
 	DefaultConsumeGoroutines = 1024
+	// MaxConsumeGoroutines is the most Config.ConsumeGoroutines the
+	// client accepts.
+	MaxConsumeGoroutines = 100000
 	// DefaultConsumeTimeout is Config.ConsumeTimeout's default, the client's.
 	DefaultConsumeTimeout = 15 * time.Minute
 	// DefaultAssignWait is Config.AssignWait's default.
@@ -206,6 +215,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ConsumeGoroutines <= 0 {
 		c.ConsumeGoroutines = DefaultConsumeGoroutines
+	}
+	if c.ConsumeGoroutines > MaxConsumeGoroutines {
+		return c, fmt.Errorf("rocket: Config.ConsumeGoroutines %d: the client takes at most %d", c.ConsumeGoroutines, MaxConsumeGoroutines)
 	}
 	if c.ConsumeTimeout <= 0 {
 		c.ConsumeTimeout = DefaultConsumeTimeout

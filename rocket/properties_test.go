@@ -43,10 +43,13 @@ func TestSetHop_TimerModeSetsOnlyARelativeDelayWithinMaxHop(t *testing.T) {
 		50 * time.Millisecond:   "", // within the precision: sent as is, held by the consumer
 		1500 * time.Millisecond: "1400",
 		time.Hour:               "3599900",
-		50 * time.Hour:          "3600000",
+		// Just past MaxHop: one last hop a precision short, not a whole
+		// MaxHop that would land in the slot after the due time.
+		time.Hour + 50*time.Millisecond: "3599950",
+		50 * time.Hour:                  "3600000",
 	} {
 		props := map[string]string{}
-		setHop(props, timerLead(l, l.Plan(now, now.Add(r))))
+		setHop(props, PlanHop(l, now, now.Add(r)))
 		if got := props[propTimerDelayMS]; got != want {
 			t.Errorf("remainder %v: %s=%q, want %q", r, propTimerDelayMS, got, want)
 		}

@@ -45,7 +45,7 @@ import (
 //
 // The broker's timerPrecisionMs would add up to one precision more: its
 // wheel delivers a message at the end of the slot its time falls in. So
-// the last hop asks for one precision less than the time left (timerLead)
+// the last hop asks for one precision less than the time left (PlanHop)
 // and arrives by the due time, where the consumer holds it until due.
 //
 // # Levels
@@ -225,7 +225,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	}
 	props := broker.Encode(m)
 	props[propKeys] = m.Key
-	hop := timerLead(p.cfg.Limits, p.cfg.Limits.Plan(p.now(), m.DeliverAt))
+	hop := PlanHop(p.cfg.Limits, p.now(), m.DeliverAt)
 	setHop(props, hop)
 	body := m.Payload
 	if len(body) == 0 {
@@ -301,21 +301,22 @@ const (
 	routeRetryPause = 200 * time.Millisecond
 )
 
-// timerLead shortens the last timer hop of a chain by the broker's
-// precision. The timer wheel delivers a message at the end of the slot its
-// time falls in, up to one precision after it; asked for one precision
-// less, it delivers no later than the due time, and the consumer holds the
-// message until due (its HoldWindow is at least twice the precision). So
-// lateness is the consumer's, not the slot's: with the local broker's
-// 100 ms slots, 100 tasks due a second were handled at p50 1 ms and p99
-// 16 ms against 67 and 118 ms without the lead (BENCHMARKS.md). A hop
-// that is not the last, or a level, is sent as planned: the consumer hops
-// it on from wherever it lands.
-func timerLead(l broker.Limits, hop broker.HopPlan) broker.HopPlan {
-	if hop.Last && hop.Level == 0 && len(l.Levels) == 0 {
-		hop.Delay = max(hop.Delay-l.Precision, 0)
+// PlanHop is the hop the publisher sends for a message due at due, planned
+// at now. With delay levels it is l.Plan's. With the timer wheel the chain
+// is planned toward one precision before due: the wheel delivers a message
+// at the end of the slot its time falls in, up to one precision after it,
+// so asked for one precision less, the last hop arrives no later than the
+// due time, and the consumer holds it until due (its HoldWindow is at least
+// twice the precision). Lateness is then the consumer's, not the slot's:
+// with the local broker's 100 ms slots, 100 tasks due a second were handled
+// at p50 1 ms and p99 16-18 ms against 67 and 118 ms asking for the due
+// time itself (BENCHMARKS.md). Every hop before the last is a whole MaxHop,
+// as before.
+func PlanHop(l broker.Limits, now, due time.Time) broker.HopPlan {
+	if len(l.Levels) > 0 {
+		return l.Plan(now, due)
 	}
-	return hop
+	return l.Plan(now, due.Add(-l.Precision))
 }
 
 // setHop adds the delay property of hop to props: TIMER_DELAY_MS in timer

@@ -138,7 +138,9 @@ const (
 
 // Grace returns the grace a scanner publishing under limits uses for the
 // configured one: grace itself when positive, else DefaultGrace plus the
-// broker's precision, as a broker may deliver that much after the due time.
+// broker's precision, as a broker may deliver that much after the time it
+// was asked for (a RabbitMQ ladder's unit and lead; RocketMQ's publisher
+// asks a precision early, which the grace does not count on).
 func Grace(grace time.Duration, limits broker.Limits) time.Duration {
 	if grace > 0 {
 		return grace

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // The brokers page and the planned hops use the limits the flags put in
@@ -47,5 +49,30 @@ func TestConsoleLimits_FollowTheRabbitLeadFlag(t *testing.T) {
 		if !strings.HasPrefix(got, c.row) {
 			t.Errorf("%v: precision row %q, want it to start with %q", c.args, got, c.row)
 		}
+	}
+}
+
+// A task page plans the hops the RocketMQ publisher sends: with the timer
+// wheel the last hop is one precision short of the due time, and the
+// consumer holds the message for the rest.
+func TestPlannedHops_RocketTimerLastHopIsAPrecisionShort(t *testing.T) {
+	var bf brokerFlags
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	bf.register(fs)
+	if err := fs.Parse([]string{"--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s"}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
+	c := &console{a: &app{stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}, bf: &bf, now: func() time.Time { return now }}
+	d := &outbox.Detail{}
+	d.State = outbox.StatePending
+	d.Task.DueAt = now.Add(90 * time.Minute)
+	var got []string
+	for _, e := range c.plannedHops(d) {
+		got = append(got, e.What)
+	}
+	want := []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m59s", "then held by the consumer until due, up to 1s"}
+	if strings.Join(got, " | ") != strings.Join(want, " | ") {
+		t.Errorf("planned hops %q, want %q", got, want)
 	}
 }

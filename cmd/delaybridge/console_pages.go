@@ -20,6 +20,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
 )
 
 // view is what every page template receives: the layout's fields and the
@@ -624,14 +625,23 @@ func (c *console) plannedHops(t *outbox.Detail) []event {
 	if at.IsZero() {
 		at = c.now()
 	}
+	plan := lim.Plan
+	if c.bf.Broker == "rocket" {
+		// The RocketMQ publisher's own plan: its last timer hop is a
+		// precision short, and the consumer holds the rest.
+		plan = func(now, due time.Time) broker.HopPlan { return rocket.PlanHop(lim, now, due) }
+	}
 	var out []event
 	for i := 0; i < 50; i++ {
-		h := lim.Plan(at, t.Task.DueAt)
+		h := plan(at, t.Task.DueAt)
 		out = append(out, event{at, fmt.Sprintf("hop %d: held by the broker for %s", i+1, fmtDur(h.Delay))})
 		at = at.Add(h.Delay)
 		if h.Last || h.Delay == 0 {
 			break
 		}
+	}
+	if held := t.Task.DueAt.Sub(at); held > 0 && len(out) > 0 {
+		out = append(out, event{at, fmt.Sprintf("then held by the consumer until due, up to %s", fmtDur(held))})
 	}
 	return out
 }

@@ -389,8 +389,11 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 			return
 		}
 		defer pub.Close()
+		// Due a precision after d: the publisher's last timer hop asks
+		// the broker for one precision less than the time left, so the
+		// broker is asked for d itself (rocket.PlanHop).
 		send := func(d time.Duration) error {
-			m := &broker.Message{Topic: doctorTopic, Key: "doctor-limit", DeliverAt: broker.MillisUTC(time.Now().Add(d)), Payload: []byte("doctor")}
+			m := &broker.Message{Topic: doctorTopic, Key: "doctor-limit", DeliverAt: broker.MillisUTC(time.Now().Add(d + cfg.Limits.Precision)), Payload: []byte("doctor")}
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			return broker.PublishResults(pub.Publish(sctx, m), 1)[0]
@@ -418,8 +421,9 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 	r.ok("clock skew with RocketMQ: not measured (timer hops use TIMER_DELAY_MS, relative to the broker's clock, so skew does not move due times)")
 }
 
-// measurePrecision sends one probe due after probe and reports how late it
-// arrives; a probe that arrives at once means timers are off.
+// measurePrecision asks the broker to deliver one probe after probe and
+// reports when it arrived, from that time and from the probe's due time; a
+// probe that arrives at once means timers are off.
 func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.Config, r *report, probe time.Duration) {
 	pub, err := rocket.NewPublisher(ctx, cfg)
 	if err != nil {
@@ -442,7 +446,16 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 	}
 	key := "doctor-precision-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	sent := time.Now()
-	due := broker.MillisUTC(sent.Add(probe))
+	// With the timer wheel the publisher asks the broker for one precision
+	// before due (rocket.PlanHop; the consumer runtime holds the message
+	// until due): due a precision after the probe, the broker is asked for
+	// the probe itself, whatever the precision.
+	timer := len(cfg.Limits.Levels) == 0
+	asked := sent.Add(probe)
+	due := broker.MillisUTC(asked)
+	if timer {
+		due = broker.MillisUTC(asked.Add(cfg.Limits.Precision))
+	}
 	if err := pub.Publish(sctx, &broker.Message{Topic: doctorTopic, Key: key, DeliverAt: due, Payload: []byte("doctor")}); err != nil {
 		r.fail("precision probe not sent: %v", err)
 		return
@@ -459,16 +472,8 @@ func measurePrecision(ctx context.Context, a *app, bf *brokerFlags, cfg rocket.C
 				continue // an earlier probe
 			}
 			got := time.Now()
-			// In timer mode the publisher asks for one precision before
-			// due (the wheel delivers at the end of a slot; the consumer
-			// runtime holds the message until due): the broker's share is
-			// how far from that time it delivered.
-			asked := due
-			if bf.RocketMode == "timer" {
-				asked = due.Add(-cfg.Limits.Precision)
-			}
 			switch off := got.Sub(asked); {
-			case bf.RocketMode == "timer" && got.Sub(sent) < probe/2:
+			case timer && got.Sub(sent) < probe/2:
 				r.fail("a %v timer probe arrived after %v: timer messages are off (timerWheelEnable=true)", probe, got.Sub(sent).Round(time.Millisecond))
 			case off < -cfg.Limits.Precision:
 				r.warn("the %v probe arrived %v before the time the broker was asked for (the consumer runtime holds such messages; precision worse than --rocketmq-precision %v)", probe, -off, cfg.Limits.Precision)
