@@ -82,21 +82,7 @@ var nextLink = regexp.MustCompile(`href="(/(?:tasks|dead)\?[^"]*after=[^"]*)"`)
 func TestConsole_NextPageLinksHoldNoKey(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	ctx := context.Background()
-	var keys []string
-	for i := range 60 {
-		key := fmt.Sprintf("paged-secret-%03d", i)
-		keys = append(keys, key)
-		if _, err := outbox.Schedule(ctx, b.db, outbox.Task{Topic: "paged", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	code, page := b.get(t, "/tasks?topic=paged")
-	m := nextLink.FindStringSubmatch(page)
-	if code != http.StatusOK || m == nil {
-		t.Fatalf("first page %d without a next link:\n%s", code, page)
-	}
-	link := html.UnescapeString(m[1])
+	keys, link := b.pagedSearch(t, "paged-secret")
 	for _, k := range keys {
 		if strings.Contains(link, hex.EncodeToString([]byte(k))) || strings.Contains(link, k) {
 			t.Fatalf("the next-page link %q holds the key %s", link, k)
@@ -122,6 +108,26 @@ func TestConsole_NextPageLinksHoldNoKey(t *testing.T) {
 	}
 }
 
+// pagedSearch schedules 60 tasks of topic "paged" with keys prefix-000 to
+// prefix-059 and returns them with the next-page link of the first page of
+// the search by that topic.
+func (b *consoleBundle) pagedSearch(t *testing.T, prefix string) (keys []string, link string) {
+	t.Helper()
+	for i := range 60 {
+		key := fmt.Sprintf("%s-%03d", prefix, i)
+		keys = append(keys, key)
+		if _, err := outbox.Schedule(context.Background(), b.db, outbox.Task{Topic: "paged", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, page := b.get(t, "/tasks?topic=paged")
+	m := nextLink.FindStringSubmatch(page)
+	if code != http.StatusOK || m == nil {
+		t.Fatalf("first page %d without a next link:\n%s", code, page)
+	}
+	return keys, html.UnescapeString(m[1])
+}
+
 // taskID reads the id of the task with key.
 func (b *consoleBundle) taskID(t *testing.T, key string) int64 {
 	t.Helper()
@@ -139,21 +145,8 @@ func (b *consoleBundle) taskID(t *testing.T, key string) int64 {
 func TestConsole_ACursorFromAnotherSearchShowsNoKey(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	ctx := context.Background()
-	var keys []string
-	for i := range 60 {
-		key := fmt.Sprintf("cursor-secret-%03d", i)
-		keys = append(keys, key)
-		if _, err := outbox.Schedule(ctx, b.db, outbox.Task{Topic: "paged", Key: key, DueAt: time.Now().Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	code, page := b.get(t, "/tasks?topic=paged")
-	m := nextLink.FindStringSubmatch(page)
-	if code != http.StatusOK || m == nil {
-		t.Fatalf("first page %d without a next link:\n%s", code, page)
-	}
-	u, err := url.Parse(html.UnescapeString(m[1]))
+	keys, link := b.pagedSearch(t, "cursor-secret")
+	u, err := url.Parse(link)
 	if err != nil {
 		t.Fatal(err)
 	}
