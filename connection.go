@@ -161,7 +161,7 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 	}
 	cfg, err := mysql.ParseDSN(c.MySQLDSN)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn %s: %w; %s", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN), dsnFormHint(c.MySQLDSN))
+		return nil, fmt.Errorf("--mysql-dsn %s: %w; %s", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN), DSNFormHint(c.MySQLDSN))
 	}
 	if !strings.Contains(c.MySQLDSN, "parseTime=") {
 		cfg.ParseTime = true
@@ -185,12 +185,12 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 // dsnForm is the DSN form of go-sql-driver/mysql, which --mysql-dsn takes.
 const dsnForm = "user:password@tcp(host:3306)/dbname?param=value"
 
-// dsnFormHint says what a DSN the driver cannot parse should look like.
+// DSNFormHint says what a DSN the driver cannot parse should look like.
 // The two usual mistakes get their own words: a URL (mysql://...) and an
 // address without its network (user:pw@host:3306/db), for which the
 // driver only says "default addr for network 'host:3306' unknown". It
 // never quotes the DSN, which holds the password.
-func dsnFormHint(dsn string) string {
+func DSNFormHint(dsn string) string {
 	if scheme, _, ok := strings.Cut(dsn, "://"); ok && !strings.ContainsAny(scheme, ":@/") {
 		return fmt.Sprintf("it is a %s:// URL, want the go-sql-driver form %s", scheme, dsnForm)
 	}

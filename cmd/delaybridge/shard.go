@@ -12,6 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge"
 )
 
 // A sharded order database keeps one outbox per shard. delaybridge runs one
@@ -63,7 +65,7 @@ func (s *shardFlags) parse() ([]shard, error) {
 			return nil, fmt.Errorf("--shard %s: empty DSN: want NAME=DSN or NAME=@FILE", name)
 		}
 		if _, err := mysql.ParseDSN(dsn); err != nil {
-			return nil, fmt.Errorf("--shard %s: DSN %s: %w", name, redactDSN(dsn), scrub(err, dsn))
+			return nil, fmt.Errorf("--shard %s: DSN %s: %w; %s", name, redactDSN(dsn), scrub(err, dsn), delaybridge.DSNFormHint(dsn))
 		}
 		out = append(out, shard{name: name, dsn: dsn})
 	}

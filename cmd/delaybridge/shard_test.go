@@ -40,6 +40,8 @@ func TestShardFlags_ParseNamesAndDSNsAndRefuseTheRest(t *testing.T) {
 		{"name too long", []string{strings.Repeat("n", 65) + "=u:secretpw@tcp(h:1)/o"}, "want NAME=DSN"},
 		{"twice", []string{"a=u:secretpw@tcp(h:1)/o", "a=u:secretpw@tcp(h:2)/o"}, "--shard a given twice"},
 		{"bad DSN", []string{"a=u:secretpw@tcp(h:1)o"}, "--shard a: DSN"},
+		{"address without its network", []string{"a=u:secretpw@127.0.0.1:3306/o"}, "the address needs its network, as in tcp(host:3306)"},
+		{"a URL", []string{"a=mysql://u:secretpw@h:3306/o"}, "it is a mysql:// URL, want the go-sql-driver form"},
 		{"missing file", []string{"a=@/nonexistent/dsn"}, "--shard a:"},
 		{"empty DSN", []string{"a=u:secretpw@tcp(h:1)/o", "b="}, "--shard b: empty DSN"},
 		{"blank DSN", []string{"b= "}, "--shard b: empty DSN"},
