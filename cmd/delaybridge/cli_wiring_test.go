@@ -163,3 +163,29 @@ func TestLogLevel_UnknownNamesTheAcceptedLevels(t *testing.T) {
 		t.Fatalf("--log-level WARN: resolved %q", a.logLevel)
 	}
 }
+
+// "help TOPIC" fails for a topic that is no command, and shows the help of
+// one that is.
+func TestHelp_UnknownTopicFails(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+		out  string
+	}{
+		{[]string{"help", "bogus"}, `unknown help topic "bogus"`, ""},
+		{[]string{"help", "task", "bogus"}, `unknown help topic "task bogus"`, ""},
+		{[]string{"help", "task", "show"}, "", "delaybridge task show"},
+		{[]string{"help"}, "", "Available Commands"},
+	} {
+		out, _, err := run(t, c.args...)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: err = %v, want %q", c.args, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(out, c.out) {
+			t.Errorf("%v: err = %v, output without %q:\n%s", c.args, err, c.out, out)
+		}
+	}
+}

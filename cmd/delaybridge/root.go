@@ -103,6 +103,7 @@ with an amqps:// URL, --rocketmq-tls; see SECURITY.md.`,
 	// Added now rather than by Execute, so requireSubcommand sees it too.
 	root.InitDefaultCompletionCmd()
 	requireSubcommand(root)
+	refuseUnknownHelpTopics(root)
 	return root
 }
 
@@ -129,6 +130,30 @@ func requireSubcommand(root *cobra.Command) {
 			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 		}
 		requireSubcommand(c)
+	}
+}
+
+// refuseUnknownHelpTopics makes "delaybridge help TOPIC" fail for a TOPIC
+// that is no command: cobra's help command prints "Unknown help topic" and
+// exits 0, which a script takes for success.
+func refuseUnknownHelpTopics(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "help" || c.Run == nil {
+			continue
+		}
+		show := c.Run
+		c.Run = nil
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				target, rest, err := root.Find(args)
+				if err != nil || target == nil || len(rest) > 0 || target == root {
+					return fmt.Errorf("unknown help topic %q (see %s --help for the commands)", strings.Join(args, " "), root.Name())
+				}
+			}
+			show(cmd, args)
+			return nil
+		}
 	}
 }
 
