@@ -8,6 +8,9 @@ import (
 
 // ListDead returns up to limit dead tasks, oldest due first.
 func ListDead(ctx context.Context, q Querier, limit int) ([]*TaskInfo, error) {
+	if err := checkQuerier("ListDead", q); err != nil {
+		return nil, err
+	}
 	rows, err := q.QueryContext(ctx, selectInfo+" WHERE state = 'dead' ORDER BY due_ms LIMIT ?", limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead: %w", err)
@@ -29,6 +32,9 @@ func ListDead(ctx context.Context, q Querier, limit int) ([]*TaskInfo, error) {
 // A missing task returns ErrNotFound; a task in any other state is left
 // as it is and returns ErrNotDead, naming its state.
 func Replay(ctx context.Context, q Querier, topic, key string) error {
+	if err := checkCall("Replay", q, topic, key); err != nil {
+		return err
+	}
 	now := time.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'pending', generation = generation + 1, publish_attempts = 0,
   next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?, lease_owner = 0, rescues = 0, attempts = 0

@@ -88,6 +88,9 @@ func NewCleaner(db *sql.DB, cfg CleanerConfig) *Cleaner {
 // minus the retention, one paced batch at a time, and returns how many it
 // deleted.
 func (c *Cleaner) Once(ctx context.Context) (int64, error) {
+	if c.db == nil {
+		return 0, fmt.Errorf("%w to the cleaner (NewCleaner got a nil *sql.DB)", ErrNoQuerier)
+	}
 	cutoff := c.cfg.Now().Add(-c.cfg.Retention).UnixMilli()
 	var total int64
 	for {

@@ -74,6 +74,9 @@ const selectRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, g
 //     topic filter is checked in the index entries of that range, before
 //     any row is read.
 func Search(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
+	if err := checkQuerier("Search", q); err != nil {
+		return nil, err
+	}
 	if s.Limit <= 0 {
 		s.Limit = 50
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // ErrUnsupportedDatabase reports a database the relay cannot claim rows on
@@ -162,9 +164,18 @@ func CheckSchema(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
+	if db == nil {
+		return errors.New("outbox: CheckSchema needs a database, got nil")
+	}
 	rows, err := db.QueryContext(ctx, "SELECT version FROM delaybridge_migration")
-	if err != nil {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1146 { // no such table
 		return fmt.Errorf("%w: no migrations recorded (run delaybridge migrate): %w", ErrSchemaBehind, err)
+	}
+	if err != nil {
+		// A database that is down, refuses the login or a done ctx: not a
+		// schema to migrate.
+		return fmt.Errorf("outbox: read applied migrations: %w", err)
 	}
 	defer rows.Close()
 	have := map[int]bool{}

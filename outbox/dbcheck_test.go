@@ -194,4 +194,14 @@ func TestCheckDatabase_RefusesASchemaOlderThanTheBinary(t *testing.T) {
 	if err := outbox.CheckSchema(ctx, db); !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), "run delaybridge migrate") {
 		t.Fatalf("CheckSchema with no migration table = %v; want ErrSchemaBehind", err)
 	}
+	// A database it cannot read is no schema to migrate.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := outbox.CheckSchema(done, db); err == nil || errors.Is(err, outbox.ErrSchemaBehind) || strings.Contains(err.Error(), "migrate") {
+		t.Errorf("CheckSchema with a done context = %v; want its error, not ErrSchemaBehind", err)
+	}
+	db.Close()
+	if err := outbox.CheckSchema(ctx, db); err == nil || errors.Is(err, outbox.ErrSchemaBehind) {
+		t.Errorf("CheckSchema on a closed pool = %v; want its error, not ErrSchemaBehind", err)
+	}
 }

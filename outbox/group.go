@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
@@ -37,6 +38,14 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
+	}
+	switch {
+	case db == nil:
+		return nil, nil, fmt.Errorf("%w to HandleGroup", ErrNoQuerier)
+	case fn == nil:
+		return nil, nil, errors.New("outbox: HandleGroup needs a handler function, got nil")
+	case slices.Contains(msgs, nil):
+		return nil, nil, errors.New("outbox: HandleGroup got a nil message")
 	}
 	var failed map[int]error
 	for deadlocks := 0; ; {

@@ -89,6 +89,14 @@ func (o Outcome) asError() error {
 //
 // The task is found by msg.TaskID when set, else by (msg.Topic, msg.Key).
 func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+	switch {
+	case db == nil:
+		return 0, fmt.Errorf("%w to Handle", ErrNoQuerier)
+	case msg == nil:
+		return 0, errors.New("outbox: Handle needs a message, got nil")
+	case fn == nil:
+		return 0, errors.New("outbox: Handle needs a handler function, got nil")
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: handle %s/%s: begin: %w", msg.Topic, msg.Key, err)

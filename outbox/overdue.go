@@ -30,6 +30,9 @@ func Millis(t time.Time) int64 { return t.UnixMilli() }
 // overdue. The database's clock is the one Handle uses, so Overdue turns
 // true no earlier than the handler may run.
 func Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
+	if err := checkCall("Overdue", q, topic, key); err != nil {
+		return false, err
+	}
 	var overdue bool
 	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
 		topic, []byte(key)).Scan(&overdue)

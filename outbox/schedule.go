@@ -56,6 +56,9 @@ func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 // keeps its (topic, key) until the cleaner deletes its row, so something
 // that recurs takes a key per occurrence.
 func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
+	if err := checkQuerier("Schedule", q); err != nil {
+		return 0, err
+	}
 	if err := o.cfg.validate(&t); err != nil {
 		return 0, err
 	}
@@ -103,6 +106,9 @@ func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 // statement that meets it: pass q a transaction and roll it back then, as
 // the statements before the failing one did write.
 func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
+	if err := checkQuerier("ScheduleMany", q); err != nil {
+		return err
+	}
 	type row struct {
 		t       Task
 		headers any
@@ -175,6 +181,9 @@ const (
 // locks the task first and the business row second, and the same order
 // everywhere avoids deadlocks.
 func (o *Outbox) Cancel(ctx context.Context, q Querier, topic, key string) error {
+	if err := checkCall("Cancel", q, topic, key); err != nil {
+		return err
+	}
 	now := o.cfg.Now().UnixMilli()
 	res, err := q.ExecContext(ctx, `UPDATE delay_task SET state = 'cancelled', updated_ms = ?
 WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, now, topic, []byte(key))
@@ -199,6 +208,9 @@ WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`,
 // and puts the task back to pending for the relay to publish anew. Done and
 // cancelled tasks return ErrFinished; missing ones ErrNotFound.
 func (o *Outbox) Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
+	if err := checkCall("Reschedule", q, topic, key); err != nil {
+		return err
+	}
 	if err := o.cfg.validateDue(due); err != nil {
 		return err
 	}
@@ -239,6 +251,9 @@ const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace,
 
 // Get reads the task (topic, key), or returns ErrNotFound.
 func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
+	if err := checkCall("Get", q, topic, key); err != nil {
+		return nil, err
+	}
 	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -173,3 +173,46 @@ func chunks(ids []int64) [][]any { return store.Chunks(ids) }
 
 // inList returns "(?,?,…)" with n placeholders.
 func inList(n int) string { return store.InList(n) }
+
+// ErrNoQuerier is returned, wrapped, by a call given no transaction or
+// database (a nil Querier, or a nil *sql.Tx, *sql.DB or *sql.Conn in one).
+var ErrNoQuerier = errors.New("outbox: no transaction or database given")
+
+// checkCall refuses a nil querier, naming the call, and a topic or key no
+// task can have (checked as Schedule checks them), before any query.
+func checkCall(call string, q Querier, topic, key string) error {
+	if isNilQuerier(q) {
+		return fmt.Errorf("%w to %s", ErrNoQuerier, call)
+	}
+	if err := broker.ValidateTopic(topic); err != nil {
+		return fmt.Errorf("outbox: %s: %w", call, err)
+	}
+	if err := broker.ValidateKey(key); err != nil {
+		return fmt.Errorf("outbox: %s: %w", call, err)
+	}
+	return nil
+}
+
+// isNilQuerier reports whether q is nil or a nil pointer of the database
+// types a caller passes.
+func isNilQuerier(q Querier) bool {
+	switch v := q.(type) {
+	case nil:
+		return true
+	case *sql.Tx:
+		return v == nil
+	case *sql.DB:
+		return v == nil
+	case *sql.Conn:
+		return v == nil
+	}
+	return false
+}
+
+// checkQuerier refuses a nil querier, naming the call.
+func checkQuerier(call string, q Querier) error {
+	if isNilQuerier(q) {
+		return fmt.Errorf("%w to %s", ErrNoQuerier, call)
+	}
+	return nil
+}
