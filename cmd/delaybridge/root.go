@@ -89,6 +89,16 @@ with an amqps:// URL, --rocketmq-tls; see SECURITY.md.`,
 						a.log.Warn("delaybridge: secret file "+w, "flag", f.Name)
 					}
 				}
+				// --shard NAME=@FILE reads a DSN, a secret, from FILE.
+				if sv, ok := f.Value.(pflag.SliceValue); ok && f.Name == "shard" {
+					for _, v := range sv.GetSlice() {
+						if _, file, ok := strings.Cut(v, "=@"); ok && file != "" {
+							if w := secretFileModeWarning(file); w != "" {
+								a.log.Warn("delaybridge: secret file "+w, "flag", f.Name)
+							}
+						}
+					}
+				}
 			})
 			return nil
 		},

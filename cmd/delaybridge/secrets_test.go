@@ -326,6 +326,7 @@ func TestSecrets_NoCommandPrintsAPasswordOrKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.check(t, s.run(t, plain, "status", "--mysql-dsn-file", loose), true, "readable by group or others")
+		s.check(t, s.run(t, plain, "status", "--mysql-dsn=", "--shard", "a=@"+loose), true, "readable by group or others")
 	})
 }
 
