@@ -17,7 +17,7 @@ import (
 
 // ErrStarted is returned by Handle after Start or Stop, and by a second
 // Start or one after Stop.
-var ErrStarted = errors.New("delaybridge: client already started")
+var ErrStarted = errors.New("delaybridge: client already started or stopped")
 
 // Client is delaybridge for an application: it schedules, cancels and
 // reschedules tasks in the caller's transaction, runs a handler per topic

@@ -1,6 +1,7 @@
 package delaybridge
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,6 +46,9 @@ type Metrics struct {
 // prometheus.DefaultRegisterer). It fails when reg already holds series of
 // these names.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	if reg == nil {
+		return nil, errors.New("delaybridge: NewMetrics needs a registerer (prometheus.DefaultRegisterer, or a registry of your own)")
+	}
 	m := &Metrics{
 		relayPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_published_total", Help: "Tasks the relay published and marked published."}),
 		relayFailed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_relay_failed_total", Help: "Task publishes that failed transiently and will be retried."}),

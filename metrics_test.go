@@ -96,3 +96,10 @@ func sum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return total
 }
+
+// NewMetrics without a registerer is an error, not a panic.
+func TestNewMetrics_RefusesANilRegisterer(t *testing.T) {
+	if m, err := delaybridge.NewMetrics(nil); err == nil || m != nil {
+		t.Fatalf("NewMetrics(nil) = %v, %v; want an error", m, err)
+	}
+}

@@ -88,6 +88,8 @@ func (o Outcome) asError() error {
 // task done, so the business effect happens exactly once.
 //
 // The task is found by msg.TaskID when set, else by (msg.Topic, msg.Key).
+// When the error is not nil the Outcome means nothing: it is the zero
+// value, which is Handled's.
 func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
 	switch {
 	case db == nil:
