@@ -181,8 +181,8 @@ var ErrNoQuerier = errors.New("outbox: no transaction or database given")
 // checkCall refuses a nil querier, naming the call, and a topic or key no
 // task can have (checked as Schedule checks them), before any query.
 func checkCall(call string, q Querier, topic, key string) error {
-	if isNilQuerier(q) {
-		return fmt.Errorf("%w to %s", ErrNoQuerier, call)
+	if err := checkQuerier(call, q); err != nil {
+		return err
 	}
 	if err := broker.ValidateTopic(topic); err != nil {
 		return fmt.Errorf("outbox: %s: %w", call, err)
