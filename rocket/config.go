@@ -40,10 +40,11 @@ type Config struct {
 	// T consumes in group GroupPrefix+"-"+T, so every subscriber of T with
 	// the same prefix competes for its messages. Default "delaybridge".
 	GroupPrefix string
-	// SendWorkers bounds the messages one Publisher has in flight to the
-	// broker at once. Timed messages cannot be batched (the broker ignores a
-	// batch's inner properties), so throughput comes from sending many one
-	// at a time concurrently. Default 64.
+	// SendWorkers bounds the sends one Publisher has in flight to the
+	// broker at once. Timed messages cannot be batched (the broker applies
+	// no delay property inside a batch), so their throughput comes from
+	// sending many one at a time concurrently; messages already due go up
+	// to 32 in a send (see Publisher). Default 64.
 	SendWorkers int
 	// SendTimeout bounds one send attempt. Default 3s. With several broker
 	// groups it is also how long a send already on its way to a broker that

@@ -25,16 +25,24 @@ import (
 // fakeProducer answers every send with what answer returns and records
 // the messages.
 type fakeProducer struct {
-	answer func(ctx context.Context, m *primitive.Message) (*primitive.SendResult, error)
+	// answer answers one send; a batch's first message stands for it
+	// unless batchAnswer is set.
+	answer      func(ctx context.Context, m *primitive.Message) (*primitive.SendResult, error)
+	batchAnswer func(ctx context.Context, msgs []*primitive.Message) (*primitive.SendResult, error)
 
-	mu   sync.Mutex
-	sent []*primitive.Message
+	mu       sync.Mutex
+	sent     []*primitive.Message
+	requests [][]*primitive.Message
 }
 
 func (f *fakeProducer) SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error) {
 	f.mu.Lock()
 	f.sent = append(f.sent, msgs...)
+	f.requests = append(f.requests, msgs)
 	f.mu.Unlock()
+	if f.batchAnswer != nil {
+		return f.batchAnswer(ctx, msgs)
+	}
 	return f.answer(ctx, msgs[0])
 }
 
@@ -65,8 +73,10 @@ func guardMessage(key string, due time.Time) *broker.Message {
 }
 
 // A send the broker answered with another status than SEND_OK (stored on
-// the master, not flushed or not replicated in time) is not confirmed.
+// the master, not flushed or not replicated in time) is not confirmed:
+// a timed message's alone, and every message of a batch of due ones.
 func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
+	later := time.Now().Add(time.Minute) // timed: each goes alone
 	for _, status := range []primitive.SendStatus{primitive.SendFlushDiskTimeout, primitive.SendFlushSlaveTimeout, primitive.SendSlaveNotAvailable, primitive.SendUnknownError} {
 		f := &fakeProducer{answer: func(_ context.Context, m *primitive.Message) (*primitive.SendResult, error) {
 			if m.GetProperty(propKeys) == "bad" {
@@ -75,7 +85,7 @@ func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
 			return &primitive.SendResult{Status: primitive.SendOK}, nil
 		}}
 		p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
-		msgs := []*broker.Message{guardMessage("good", time.Now()), guardMessage("bad", time.Now()), guardMessage("good-2", time.Now())}
+		msgs := []*broker.Message{guardMessage("good", later), guardMessage("bad", later), guardMessage("good-2", later)}
 		errs := broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs))
 		if errs[0] != nil || errs[2] != nil {
 			t.Errorf("status %d: the SEND_OK messages failed: %v, %v", status, errs[0], errs[2])
@@ -83,6 +93,114 @@ func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
 		if errs[1] == nil {
 			t.Errorf("status %d: reported confirmed", status)
 		}
+
+		// Due now, the three go in one batch, which the broker stored
+		// (or not) as one: none of them is confirmed.
+		p = fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
+		msgs = []*broker.Message{guardMessage("bad", time.Now()), guardMessage("good", time.Now()), guardMessage("good-2", time.Now())}
+		for i, err := range broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs)) {
+			if err == nil {
+				t.Errorf("status %d: message %d of the batch reported confirmed", status, i)
+			}
+		}
+	}
+}
+
+// Messages due now go out in batches of at most maxSendBatch, one topic a
+// batch, each message with its own properties and unique id and no delay
+// property; timed ones and large ones go alone.
+func TestPublisher_DueMessagesGoInBatchesTimedOnesAlone(t *testing.T) {
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisher(t, TimerLimits(time.Hour, 100*time.Millisecond), 4, f)
+	now := time.Now()
+	var msgs []*broker.Message
+	for i := range maxSendBatch + 3 {
+		msgs = append(msgs, guardMessage("a-"+strconv.Itoa(i), now.Add(-time.Second)))
+	}
+	for i := range 2 {
+		m := guardMessage("b-"+strconv.Itoa(i), now.Add(50*time.Millisecond)) // within one precision: due now
+		m.Topic = "other"
+		msgs = append(msgs, m)
+	}
+	big := guardMessage("large", now)
+	big.Payload = make([]byte, maxBatchedPayload+1)
+	msgs = append(msgs, big, guardMessage("timed", now.Add(time.Minute)))
+	if err := p.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string][]int{}
+	ids := map[string]bool{}
+	for _, req := range f.requests {
+		keys := ""
+		for _, m := range req {
+			if m.Topic != req[0].Topic {
+				t.Errorf("one batch holds topics %q and %q", req[0].Topic, m.Topic)
+			}
+			if len(req) > 1 {
+				if m.GetProperty(propTimerDelayMS) != "" || m.GetProperty(propDelayLevel) != "" {
+					t.Errorf("batched message %s carries a delay", m.GetProperty(propKeys))
+				}
+				id := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)
+				if id == "" || ids[id] {
+					t.Errorf("batched message %s has unique id %q (empty or repeated)", m.GetProperty(propKeys), id)
+				}
+				ids[id] = true
+				if _, err := broker.Decode(m.GetProperties(), m.Body); err != nil {
+					t.Errorf("batched message %s: %v", m.GetProperty(propKeys), err)
+				}
+			}
+			keys = m.GetProperty(propKeys)
+		}
+		sizes[keys[:1]] = append(sizes[keys[:1]], len(req))
+	}
+	if got := sizes["a"]; len(got) != 2 || max(got[0], got[1]) != maxSendBatch || got[0]+got[1] != maxSendBatch+3 {
+		t.Errorf("topic t's %d due messages went in sends of %v, want %d and 3", maxSendBatch+3, got, maxSendBatch)
+	}
+	if got := sizes["b"]; len(got) != 1 || got[0] != 2 {
+		t.Errorf("topic other's 2 due messages went in sends of %v, want one of 2", got)
+	}
+	if got := f.count(); got != len(msgs) {
+		t.Errorf("%d messages sent, want %d", got, len(msgs))
+	}
+	if len(f.requests) != 5 {
+		t.Errorf("%d sends, want 2 + 1 batches and the large and the timed message alone", len(f.requests))
+	}
+}
+
+// A batch the broker refused for good (code 13) is sent again message by
+// message: only the message it refuses alone fails with ErrRejected, the
+// others are confirmed. Without the split one bad message would fail its
+// whole batch on every attempt.
+func TestPublisher_BatchRefusedForGoodIsSplitSoOnlyTheBadMessageFails(t *testing.T) {
+	illegal := errors.New("CODE: 13, DESC: the message is illegal")
+	f := &fakeProducer{batchAnswer: func(_ context.Context, msgs []*primitive.Message) (*primitive.SendResult, error) {
+		for _, m := range msgs {
+			if m.GetProperty(propKeys) == "bad" {
+				return nil, illegal
+			}
+		}
+		return &primitive.SendResult{Status: primitive.SendOK}, nil
+	}}
+	p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
+	msgs := []*broker.Message{guardMessage("good", time.Now()), guardMessage("bad", time.Now()), guardMessage("good-2", time.Now())}
+	errs := broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs))
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], broker.ErrRejected) {
+		t.Errorf("results %v, want nil, ErrRejected, nil", errs)
+	}
+
+	// Any other error leaves the whole batch unconfirmed, to be sent again
+	// later, and is not multiplied into one send a message.
+	f = &fakeProducer{answer: func(context.Context, *primitive.Message) (*primitive.SendResult, error) {
+		return nil, errors.New("CODE: 1, DESC: system busy")
+	}}
+	p = fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
+	for i, err := range broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs)) {
+		if err == nil || errors.Is(err, broker.ErrRejected) {
+			t.Errorf("#%d: err = %v, want a transient error", i, err)
+		}
+	}
+	if len(f.requests) != 1 {
+		t.Errorf("%d sends after a transient batch failure, want 1", len(f.requests))
 	}
 }
 
@@ -99,7 +217,8 @@ func TestPublisher_MessageNotSentBeforeTheContextEndedFails(t *testing.T) {
 	p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 1, f)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	msgs := []*broker.Message{guardMessage("a", time.Now()), guardMessage("b", time.Now()), guardMessage("c", time.Now())}
+	later := time.Now().Add(time.Minute) // timed: each goes alone
+	msgs := []*broker.Message{guardMessage("a", later), guardMessage("b", later), guardMessage("c", later)}
 	for i, err := range broker.PublishResults(p.Publish(ctx, msgs...), len(msgs)) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("#%d: err = %v, want context.DeadlineExceeded", i, err)

@@ -65,11 +65,27 @@ import (
 // refresh and rebalance, up to about 50 s later, and a message sent there
 // before would wait for them. See docs/deployment.md.
 //
-// Every message goes out alone: the broker ignores the inner properties of a
-// batch, so a timed message in a batch would be delivered at once. Each send
-// builds its properties from broker.Encode and the planned hop only, never
-// from a received message, so no TIMER_* property of an earlier hop can
-// leak into a re-publish.
+// # Batches
+//
+// A timed message goes out alone: the broker applies no delay property of
+// a message inside a batch, so a timed message in a batch would be
+// delivered at once. A message due now (overdue, or due within one
+// precision, or below the smallest level) has no delay property, and those
+// of one Publish call for one topic go out in batches of up to
+// maxSendBatch: the broker stores a batch in one write and answers once,
+// which costs it and the client a fraction of one send per message. A
+// relay draining a backlog of due tasks, or the scanner re-publishing
+// them, sends that way (BENCHMARKS.md, "Relay throughput"). A batch is
+// stored whole or not at all, so its messages succeed or fail together; if
+// the broker refuses a batch for good (code 13), each of its messages is
+// sent alone, so only a message the broker refuses alone fails for good.
+// A payload above maxBatchedPayload, or properties above
+// maxBatchedProperties, go alone too: the client does not compress a
+// batch, and writes an inner message's properties length in 16 bits.
+//
+// Each send builds its properties from broker.Encode and the planned hop
+// only, never from a received message, so no TIMER_* property of an
+// earlier hop can leak into a re-publish.
 type Publisher struct {
 	cfg  Config
 	prod interface {
@@ -140,8 +156,9 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 // Limits returns the configured limits.
 func (p *Publisher) Limits() broker.Limits { return p.cfg.Limits }
 
-// Publish sends each message as its own broker message, up to SendWorkers
-// at once, and returns when the broker answered for all of them. See
+// Publish sends the messages, up to SendWorkers sends at once, and returns
+// when the broker answered for all of them: each timed message alone, the
+// ones due now in batches per topic (see Batches above). See
 // broker.Publisher for the meaning of the result.
 func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
 	p.mu.RLock()
@@ -155,23 +172,56 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 
 	errs := make([]error, len(msgs))
 	var wg sync.WaitGroup
-	for i, m := range msgs {
-		if err := validate(m); err != nil {
-			errs[i] = err
-			continue
-		}
+	// start runs f on a send worker, or fails the messages at idx when ctx
+	// ends first.
+	start := func(idx []int, f func()) {
 		select {
 		case p.sem <- struct{}{}:
 		case <-ctx.Done():
-			errs[i] = ctx.Err()
-			continue
+			for _, i := range idx {
+				errs[i] = ctx.Err()
+			}
+			return
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-p.sem }()
-			errs[i] = p.send(ctx, m)
+			f()
 		}()
+	}
+	flush := func(b *sendBatch) {
+		idx, ms := b.idx, b.msgs
+		start(idx, func() {
+			for k, err := range p.sendBatch(ctx, msgs, idx, ms) {
+				errs[idx[k]] = err
+			}
+		})
+	}
+	batches := map[string]*sendBatch{}
+	now := p.now()
+	for i, m := range msgs {
+		if err := validate(m); err != nil {
+			errs[i] = err
+			continue
+		}
+		if pm, size, ok := p.batchable(m, now); ok {
+			b := batches[m.Topic]
+			if b != nil && (len(b.msgs) == maxSendBatch || b.size+size > maxBatchBytes) {
+				flush(b)
+				b = nil
+			}
+			if b == nil {
+				b = &sendBatch{}
+				batches[m.Topic] = b
+			}
+			b.add(i, pm, size)
+			continue
+		}
+		start([]int{i}, func() { errs[i] = p.send(ctx, m) })
+	}
+	for _, b := range batches {
+		flush(b)
 	}
 	wg.Wait()
 
@@ -189,6 +239,81 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	default:
 		return &broker.PublishError{Failed: failed}
 	}
+}
+
+// Batching limits (see Batches in Publisher's documentation).
+const (
+	// maxSendBatch is the most messages one send carries. With 32, sends
+	// of due messages ran at about 115,000 messages/s on the benchmark box
+	// against 5,000-8,000 sent one by one (BENCHMARKS.md).
+	maxSendBatch = 32
+	// maxBatchedPayload is the largest payload sent in a batch: the
+	// client compresses a lone message's body from 4 KiB on, never a
+	// batch's.
+	maxBatchedPayload = 4096
+	// maxBatchedProperties bounds an inner message's properties, whose
+	// length the client writes in 16 bits and the broker reads as a
+	// signed short.
+	maxBatchedProperties = 16 << 10
+	// maxBatchBytes bounds a batch's body, far below the broker's default
+	// maxMessageSize of 4 MiB.
+	maxBatchBytes = 1 << 20
+)
+
+// sendBatch is the due messages of one topic gathered for one send.
+type sendBatch struct {
+	idx  []int // their positions in Publish's msgs
+	msgs []*primitive.Message
+	size int
+}
+
+func (b *sendBatch) add(i int, m *primitive.Message, size int) {
+	b.idx = append(b.idx, i)
+	b.msgs = append(b.msgs, m)
+	b.size += size
+}
+
+// batchable returns m as the client message a batch carries, with its
+// encoded size, when m is due at now (its hop has no delay) and small
+// enough for a batch. A hop planned now without a delay has none later
+// either, so planning it here, before the send, sends it no earlier.
+func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Message, int, bool) {
+	hop := PlanHop(p.cfg.Limits, now, m.DeliverAt)
+	if hop.Level > 0 || hop.Delay >= time.Millisecond || len(m.Payload) > maxBatchedPayload {
+		return nil, 0, false
+	}
+	msg := p.message(m, hop)
+	// The client gives a lone message a unique id; in a batch each
+	// message needs its own, as the Java client sets them.
+	msg.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, primitive.CreateUniqID())
+	props := len(msg.MarshallProperties())
+	if props > maxBatchedProperties {
+		return nil, 0, false
+	}
+	return msg, 22 + len(msg.Body) + props, true
+}
+
+// sendBatch sends ms, the messages at idx in msgs, in one request and
+// returns each one's result. A batch the broker refused for good is sent
+// again message by message, so the message it refused fails alone.
+func (p *Publisher) sendBatch(ctx context.Context, msgs []*broker.Message, idx []int, ms []*primitive.Message) []error {
+	errs := make([]error, len(ms))
+	res, err := p.sendSync(ctx, ms...)
+	if err == nil && res.Status != primitive.SendOK {
+		err = fmt.Errorf("rocket: send: broker answered status %d, not SEND_OK", res.Status)
+	} else if err != nil {
+		if len(ms) > 1 && responseCode(err) == codeMessageIllegal {
+			for k, i := range idx {
+				errs[k] = p.send(ctx, msgs[i])
+			}
+			return errs
+		}
+		err = classify(err, 0, p.cfg.Limits.MaxHop)
+	}
+	for k := range errs {
+		errs[k] = err
+	}
+	return errs
 }
 
 // allSame reports whether every error is the context's or the same value,
@@ -223,18 +348,8 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	props := broker.Encode(m)
-	props[propKeys] = m.Key
 	hop := PlanHop(p.cfg.Limits, p.now(), m.DeliverAt)
-	setHop(props, hop)
-	body := m.Payload
-	if len(body) == 0 {
-		body = []byte{0}
-		props[propEmptyBody] = "1"
-	}
-	msg := primitive.NewMessage(m.Topic, body)
-	msg.WithProperties(props)
-	res, err := p.sendSync(ctx, msg)
+	res, err := p.sendSync(ctx, p.message(m, hop))
 	if err != nil {
 		return classify(err, hop.Delay.Truncate(time.Millisecond), p.cfg.Limits.MaxHop)
 	}
@@ -247,14 +362,30 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	return nil
 }
 
-// sendSync sends msg. The client looks a topic's route up on its first
+// message is m as the client sends it for hop.
+func (p *Publisher) message(m *broker.Message, hop broker.HopPlan) *primitive.Message {
+	props := broker.Encode(m)
+	props[propKeys] = m.Key
+	setHop(props, hop)
+	body := m.Payload
+	if len(body) == 0 {
+		body = []byte{0}
+		props[propEmptyBody] = "1"
+	}
+	msg := primitive.NewMessage(m.Topic, body)
+	msg.WithProperties(props)
+	return msg
+}
+
+// sendSync sends msgs, all of one topic, in one request. The client looks a topic's route up on its first
 // send, and concurrent first sends race inside it: some fail at once with
 // "route info not found". So the first send to a topic goes alone and the
 // others wait for it; a send that still finds no route (the broker was
 // restarting, say) is tried again a few times.
-func (p *Publisher) sendSync(ctx context.Context, msg *primitive.Message) (*primitive.SendResult, error) {
+func (p *Publisher) sendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error) {
+	topic := msgs[0].Topic
 	p.routesMu.Lock()
-	ready, seen := p.routed[msg.Topic]
+	ready, seen := p.routed[topic]
 	if !seen {
 		if len(p.routed) >= broker.MaxTrackedTopics {
 			// A producer can name any number of topics; forget the ones
@@ -269,7 +400,7 @@ func (p *Publisher) sendSync(ctx context.Context, msg *primitive.Message) (*prim
 			}
 		}
 		ready = make(chan struct{})
-		p.routed[msg.Topic] = ready
+		p.routed[topic] = ready
 	}
 	p.routesMu.Unlock()
 	if seen {
@@ -282,7 +413,7 @@ func (p *Publisher) sendSync(ctx context.Context, msg *primitive.Message) (*prim
 		defer close(ready)
 	}
 	for attempt := 0; ; attempt++ {
-		res, err := p.prod.SendSync(ctx, msg)
+		res, err := p.prod.SendSync(ctx, msgs...)
 		if err == nil || attempt == routeRetries || !strings.Contains(err.Error(), "route info not found") {
 			return res, err
 		}

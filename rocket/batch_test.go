@@ -1,0 +1,79 @@
+package rocket_test
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/broker/brokertest"
+	"github.com/delaybridge/delaybridge/rocket"
+)
+
+// Due messages the publisher sent in batches reach the consumer one by
+// one, each with its own key, payload (an empty one too), headers, trace
+// and attempt, and no earlier than due; a timed message sent in the same
+// call arrives after its delay, not with the batch.
+func TestPublisher_BatchedDueMessagesArriveEachWithItsOwnEnvelope(t *testing.T) {
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	pub, sub := e.clients(t, topic, rocket.TimerLimits(localTimerMaxDelay, localPrecision))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	now := time.Now()
+	const n = 70 // three batches
+	want := map[string]*broker.Message{}
+	var msgs []*broker.Message
+	for i := range n {
+		m := &broker.Message{
+			Topic: topic, Key: "batched-" + strconv.Itoa(i),
+			Payload:   []byte("payload " + strconv.Itoa(i)),
+			DeliverAt: broker.MillisUTC(now.Add(-time.Duration(i) * time.Millisecond)),
+			Attempt:   i % 3, Trace: "trace-" + strconv.Itoa(i),
+			Headers: map[string]string{"h": strconv.Itoa(i)},
+		}
+		if i == 7 {
+			m.Payload = nil
+		}
+		want[m.Key] = m
+		msgs = append(msgs, m)
+	}
+	timed := &broker.Message{Topic: topic, Key: "timed", Payload: []byte("t"), DeliverAt: broker.MillisUTC(now.Add(3 * time.Second))}
+	want[timed.Key] = timed
+	msgs = append(msgs, timed)
+	if err := pub.Publish(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+
+	for len(want) > 0 {
+		d := receive(t, ch)
+		if d.Err != nil {
+			t.Fatalf("delivery not decoded: %v", d.Err)
+		}
+		got := d.Message
+		w, ok := want[got.Key]
+		if !ok {
+			t.Fatalf("unexpected or repeated delivery %q", got.Key)
+		}
+		delete(want, got.Key)
+		if !bytes.Equal(got.Payload, w.Payload) || got.Attempt != w.Attempt || got.Trace != w.Trace || got.Headers["h"] != w.Headers["h"] || !got.DeliverAt.Equal(w.DeliverAt) {
+			t.Errorf("%s arrived as %+v, want %+v", got.Key, got, w)
+		}
+		if got.Key == "timed" && len(want) > 0 {
+			t.Errorf("the timed message arrived before %d of the due ones", len(want))
+		}
+		if got.Key == "timed" && time.Now().Before(timed.DeliverAt.Add(-localPrecision)) {
+			t.Errorf("the timed message arrived %v before due, more than one precision", time.Until(timed.DeliverAt))
+		}
+		if err := d.Acker.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
