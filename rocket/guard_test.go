@@ -107,7 +107,7 @@ func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
 }
 
 // Messages due now go out in batches of at most maxSendBatch, one topic a
-// batch, each message with its own properties and unique id and no delay
+// batch, each message with its own properties and id and no delay
 // property; timed ones and large ones go alone.
 func TestPublisher_DueMessagesGoInBatchesTimedOnesAlone(t *testing.T) {
 	f := &fakeProducer{answer: sendOK}
@@ -123,7 +123,7 @@ func TestPublisher_DueMessagesGoInBatchesTimedOnesAlone(t *testing.T) {
 		msgs = append(msgs, m)
 	}
 	big := guardMessage("large", now)
-	big.Payload = make([]byte, maxBatchedPayload+1)
+	big.Payload = make([]byte, maxBatchedPayload) // the client would compress it alone
 	msgs = append(msgs, big, guardMessage("timed", now.Add(time.Minute)))
 	if err := p.Publish(context.Background(), msgs...); err != nil {
 		t.Fatal(err)
@@ -142,7 +142,7 @@ func TestPublisher_DueMessagesGoInBatchesTimedOnesAlone(t *testing.T) {
 				}
 				id := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)
 				if id == "" || ids[id] {
-					t.Errorf("batched message %s has unique id %q (empty or repeated)", m.GetProperty(propKeys), id)
+					t.Errorf("batched message %s has id %q (empty or repeated in the call)", m.GetProperty(propKeys), id)
 				}
 				ids[id] = true
 				if _, err := broker.Decode(m.GetProperties(), m.Body); err != nil {

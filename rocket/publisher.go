@@ -79,7 +79,7 @@ import (
 // stored whole or not at all, so its messages succeed or fail together; if
 // the broker refuses a batch for good (code 13), each of its messages is
 // sent alone, so only a message the broker refuses alone fails for good.
-// A payload above maxBatchedPayload, or properties above
+// A payload of maxBatchedPayload or more, or properties above
 // maxBatchedProperties, go alone too: the client does not compress a
 // batch, and writes an inner message's properties length in 16 bits.
 //
@@ -199,6 +199,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		})
 	}
 	batches := map[string]*sendBatch{}
+	var alone []int
 	now := p.now()
 	for i, m := range msgs {
 		if err := validate(m); err != nil {
@@ -218,10 +219,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 			b.add(i, pm, size)
 			continue
 		}
-		start([]int{i}, func() { errs[i] = p.send(ctx, m) })
+		alone = append(alone, i)
 	}
+	// Due messages first: they are late already, a timed one is not.
 	for _, b := range batches {
 		flush(b)
+	}
+	for _, i := range alone {
+		start([]int{i}, func() { errs[i] = p.send(ctx, msgs[i]) })
 	}
 	wg.Wait()
 
@@ -247,17 +252,18 @@ const (
 	// of due messages ran at about 115,000 messages/s on the benchmark box
 	// against 5,000-8,000 sent one by one (BENCHMARKS.md).
 	maxSendBatch = 32
-	// maxBatchedPayload is the largest payload sent in a batch: the
-	// client compresses a lone message's body from 4 KiB on, never a
-	// batch's.
+	// maxBatchedPayload is the smallest payload sent alone: the client
+	// compresses a lone message's body from 4 KiB on, never a batch's.
 	maxBatchedPayload = 4096
 	// maxBatchedProperties bounds an inner message's properties, whose
 	// length the client writes in 16 bits and the broker reads as a
 	// signed short.
 	maxBatchedProperties = 16 << 10
 	// maxBatchBytes bounds a batch's body, far below the broker's default
-	// maxMessageSize of 4 MiB.
-	maxBatchBytes = 1 << 20
+	// maxMessageSize of 4 MiB (a broker set below it refuses each batch,
+	// which is then sent message by message). Small messages fill a
+	// batch long before it.
+	maxBatchBytes = 128 << 10
 )
 
 // sendBatch is the due messages of one topic gathered for one send.
@@ -279,12 +285,14 @@ func (b *sendBatch) add(i int, m *primitive.Message, size int) {
 // either, so planning it here, before the send, sends it no earlier.
 func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Message, int, bool) {
 	hop := PlanHop(p.cfg.Limits, now, m.DeliverAt)
-	if hop.Level > 0 || hop.Delay >= time.Millisecond || len(m.Payload) > maxBatchedPayload {
+	if hop.Level > 0 || hop.Delay >= time.Millisecond || len(m.Payload) >= maxBatchedPayload {
 		return nil, 0, false
 	}
 	msg := p.message(m, hop)
-	// The client gives a lone message a unique id; in a batch each
-	// message needs its own, as the Java client sets them.
+	// The client gives a lone message an id (the broker's message id);
+	// in a batch each message needs its own, as the Java client sets
+	// them. The client's ids repeat after 65,536 in one second, which
+	// only blurs a lookup by id; delaybridge never reads them.
 	msg.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, primitive.CreateUniqID())
 	props := len(msg.MarshallProperties())
 	if props > maxBatchedProperties {
