@@ -351,15 +351,18 @@ func (c *Consumer) worker() {
 				c.process(j)
 				continue
 			}
-			batch := []job{j}
+			// Deliveries that are not ready (early, undecodable) are set
+			// aside until the group is done: a hop or a dead letter waits
+			// on the broker, and the group's messages are due already.
+			batch, later := []job{j}, []job(nil)
 		fill:
-			for len(batch) < c.cfg.GroupSize {
+			for len(batch) < c.cfg.GroupSize && len(later) < c.cfg.GroupSize {
 				select {
 				case j2 := <-c.work:
 					if c.ready(j2) {
 						batch = append(batch, j2)
 					} else {
-						c.process(j2)
+						later = append(later, j2)
 					}
 				default:
 					break fill
@@ -369,6 +372,9 @@ func (c *Consumer) worker() {
 				c.process(j)
 			} else {
 				c.processGroup(batch)
+			}
+			for _, j := range later {
+				c.process(j)
 			}
 		}
 	}

@@ -693,3 +693,99 @@ func TestNewConsumer_RefusesNegativeSettingsAndABackoffThatCannotWork(t *testing
 		t.Errorf("the zero ConsumerConfig: Check = %v, want nil (every default)", err)
 	}
 }
+
+// A delivery that is not ready (here one that could not be decoded, whose
+// dead letter waits on the broker) does not hold up the due messages a
+// worker is gathering into a group: the group runs first, then the
+// delivery is settled. Handled inline, the group waited for the dead
+// letter.
+func TestConsumer_NotReadyDeliveryDoesNotHoldUpTheGroup(t *testing.T) {
+	sub := givenBackSub{ch: make(chan *broker.Delivery, 8)}
+	pub := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = pub.Close() })
+	started, release := make(chan struct{}), make(chan struct{})
+	deadStarted, deadRelease := make(chan struct{}), make(chan struct{})
+	type group struct {
+		keys       []string
+		deadBefore bool // the dead letter had started when the group ran
+	}
+	grouped := make(chan group, 4)
+	var once sync.Once
+	c, err := broker.NewConsumer(sub, pub, func(context.Context, *broker.Message) error {
+		once.Do(func() { close(started); <-release })
+		return nil
+	}, broker.ConsumerConfig{
+		Logger: quiet(), Concurrency: 1,
+		Group: func(_ context.Context, msgs []*broker.Message) ([]error, error) {
+			var keys []string
+			for _, m := range msgs {
+				keys = append(keys, m.Key)
+			}
+			g := group{keys: keys}
+			select {
+			case <-deadStarted:
+				g.deadBefore = true
+			default:
+			}
+			grouped <- g
+			return make([]error, len(msgs)), nil
+		},
+		DeadLetter: broker.DeadLetterFunc(func(context.Context, *broker.Delivery, error) error {
+			close(deadStarted)
+			<-deadRelease
+			return nil
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), "orders"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	var acks atomic.Int32
+	due := func(key string) *broker.Delivery {
+		return &broker.Delivery{Message: &broker.Message{Topic: "orders", Key: key, DeliverAt: broker.MillisUTC(time.Now())}, Acker: failingAcker{acks: &acks}}
+	}
+	// The only worker is busy with the first message while a due one, an
+	// undecodable one and another due one queue up behind it.
+	sub.ch <- due("first")
+	<-started
+	sub.ch <- due("a")
+	sub.ch <- &broker.Delivery{Err: broker.ErrNoEnvelope, Body: []byte("junk"), Acker: failingAcker{acks: &acks}}
+	sub.ch <- due("b")
+	time.Sleep(200 * time.Millisecond) // the subscription's hand-over to the worker's queue
+	close(release)
+	select {
+	case <-deadStarted:
+		// Handled inline, the dead letter blocks the worker: let it go,
+		// so the group shows what it waited for.
+		close(deadRelease)
+	case g := <-grouped:
+		grouped <- g
+		select {
+		case <-deadStarted:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the undecodable delivery was never dead-lettered")
+		}
+		close(deadRelease)
+	case <-time.After(10 * time.Second):
+		t.Fatal("neither a group nor a dead letter")
+	}
+	select {
+	case g := <-grouped:
+		if strings.Join(g.keys, ",") != "a,b" {
+			t.Errorf("group %v, want a and b", g.keys)
+		}
+		if g.deadBefore {
+			t.Error("the undecodable delivery's dead letter ran before the group of due messages")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no group")
+	}
+	eventually(t, "all four acked", func() bool { return acks.Load() == 4 })
+}

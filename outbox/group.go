@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -27,10 +28,13 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // back whole and the group runs once more without it (its error reported
 // in errs), each remaining message inside a savepoint of its own: one whose
 // fn fails too is rolled back to its savepoint alone and reported, and the
-// others are marked done and committed together. So a failing message
-// costs the others one more run of the group, never their result, fn runs
-// once per message and attempt, and a group where nothing fails pays no
-// savepoint round trips. A group the server rolls back to break a deadlock
+// others are marked done and committed together. A handler that panics
+// fails its message the same way. So a failing message costs the others
+// one more run of the group, never their result, and a group where nothing
+// fails pays no savepoint round trips. fn runs at most twice per message
+// and attempt (a message ahead of the failing one runs in the rolled-back
+// first run and again), more when a deadlock is retried: what it does
+// outside tx must bear repeating, as with any redelivery. A group the server rolls back to break a deadlock
 // runs again, up to groupDeadlockRetries times. err reports a failure of
 // the group as a whole (begin, lock, commit, or a savepoint the server
 // lost): nothing of it is committed and the caller handles each message on
@@ -118,7 +122,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		}
 		if failed == nil {
-			if ferr := fn(ctx, tx, m); ferr != nil {
+			if ferr := runFn(ctx, fn, tx, m); ferr != nil {
 				return nil, nil, &firstFailure{i: i, err: ferr}
 			}
 			seen[r.id] = true
@@ -131,7 +135,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		if _, err := tx.ExecContext(ctx, "SAVEPOINT delaybridge_task"); err != nil {
 			return nil, nil, fmt.Errorf("outbox: handle group: savepoint: %w", err)
 		}
-		if ferr := fn(ctx, tx, m); ferr != nil {
+		if ferr := runFn(ctx, fn, tx, m); ferr != nil {
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT delaybridge_task"); err != nil {
 				return nil, nil, fmt.Errorf("outbox: handle group: %s/%s failed (%v) and its savepoint is gone: %w", m.Topic, m.Key, ferr, err)
 			}
@@ -153,6 +157,19 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		return nil, nil, fmt.Errorf("outbox: handle group: commit: %w", err)
 	}
 	return outcomes, errs, nil
+}
+
+// runFn runs fn for m, turning a panic into m's error: a message whose
+// handler panics fails alone, like one whose handler returns an error,
+// instead of failing its whole group (which the consumer's guard would
+// make of it). The stack follows the panic's value in the error.
+func runFn(ctx context.Context, fn HandlerFunc, tx *sql.Tx, m *broker.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("outbox: handler panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn(ctx, tx, m)
 }
 
 // lockGroup locks the task row of each message, by id where the message

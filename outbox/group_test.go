@@ -113,6 +113,47 @@ func TestHandleGroup_AFailingMessageIsRolledBackAloneAndTheOthersCommit(t *testi
 	}
 }
 
+// A handler that panics fails its own message as an error would, in the
+// group's first run (the group runs again without it) and inside a
+// savepoint on the rerun: the others commit, and neither panicking
+// message's write survives. Without the recover the panic left
+// HandleGroup, and the consumer ran the whole group one at a time.
+func TestHandleGroup_APanickingHandlerFailsOnlyItsMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, poison, c := b.order(t, "a", time.Now()), b.order(t, "poison", time.Now()), b.order(t, "c", time.Now())
+	runs := map[string]int{}
+	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{a, poison, c}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		runs[m.Key]++
+		if err := cancelOne(ctx, tx, m); err != nil {
+			return err
+		}
+		// c first runs in the rerun (the first run stops at poison),
+		// inside its savepoint.
+		if m.Key == "poison" || m.Key == "c" {
+			panic("nil map in " + m.Key) // after its write
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the group failed whole: %v", err)
+	}
+	if errs[0] != nil || errs[1] == nil || errs[2] == nil || !strings.Contains(errs[1].Error(), "panicked: nil map in poison") || !strings.Contains(errs[2].Error(), "panicked: nil map in c") {
+		t.Fatalf("errs = %v, want a's nil and the two panics", errs)
+	}
+	for _, id := range []string{"poison", "c"} {
+		if status, cancels := b.orderRow(t, id); status != "UNPAID" || cancels != 0 {
+			t.Errorf("%s: the panicking message's write survived: %s, %d cancels", id, status, cancels)
+		}
+	}
+	if status, cancels := b.orderRow(t, "a"); status != "CANCELLED" || cancels != 1 {
+		t.Errorf("a: %s with %d cancels, want cancelled once beside the panics", status, cancels)
+	}
+	if runs["poison"] != 1 || runs["c"] != 1 || runs["a"] != 2 {
+		t.Errorf("runs %v, want poison and c once, a twice (the rolled-back first run and the rerun)", runs)
+	}
+}
+
 // In a group, a task not due by the database's clock is reported early and
 // not run; the others are.
 func TestHandleGroup_ATaskNotDueByTheDatabaseClockWaits(t *testing.T) {
