@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,13 +31,16 @@ type Config struct {
 	// drains steadily instead of flooding the broker. Default
 	// DefaultMaxRate.
 	MaxRate int
-	// HoldWhileBehind bounds how long a pass waits for the scanner's last
-	// rescue to be handled: until at least half of those tasks are done (or
-	// no longer published), no more are rescued. Re-published tasks that
-	// stay undone mean the consumers are behind or down rather than that the
-	// broker lost messages, and more copies would only lengthen their queue
-	// (a backlog rescued again and again collapses under its duplicates).
-	// Default DefaultHoldWhileBehind; negative disables the hold.
+	// HoldWhileBehind bounds how long the scanner waits for its last
+	// rescue of a topic to be handled: until at least half of those tasks
+	// are done (or no longer published), no more of that topic's are
+	// rescued. Re-published tasks that stay undone mean the topic's
+	// consumers are behind or down rather than that the broker lost
+	// messages, and more copies would only lengthen their queue (a backlog
+	// rescued again and again collapses under its duplicates). Other
+	// topics' tasks are rescued meanwhile: a topic whose consumers are
+	// down does not keep the messages a broker lost of another from being
+	// rescued. Default DefaultHoldWhileBehind; negative disables the hold.
 	HoldWhileBehind time.Duration
 	// PublishTimeout bounds one re-publish of a batch. Default
 	// outbox.DefaultPublishTimeout.
@@ -106,9 +110,14 @@ type Scanner struct {
 	pub broker.Publisher
 	cfg Config
 
-	mu       sync.Mutex
-	lastIDs  []any // the tasks the last rescue published
-	lastTime time.Time
+	mu   sync.Mutex
+	held map[string]*lastRescue // by topic, while HoldWhileBehind lasts
+}
+
+// lastRescue is what the last rescue of one topic published, and when.
+type lastRescue struct {
+	ids []int64
+	at  time.Time
 }
 
 // DefaultGrace is the grace a zero Config.Grace starts from; delaybridge
@@ -277,11 +286,12 @@ func (s *Scanner) Run(ctx context.Context) error {
 // that keep failing (a deleted topic) never crowd out the rescue of
 // others; one the broker refuses for good goes dead. While the previous
 // rescue is still mostly unhandled it rescues nothing (see
-// Config.HoldWhileBehind).
+// Config.HoldWhileBehind), of that topic.
 func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if behind, err := s.behind(ctx); err != nil || behind {
+	held, err := s.behind(ctx)
+	if err != nil {
 		return 0, err
 	}
 	now := s.cfg.Now()
@@ -290,6 +300,7 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	spec := store.ClaimSpec{
 		State: store.Published, DueAtMost: cut, ReadyAtMost: cut, PublishedAtMost: cut,
 		Limit: s.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(s.cfg.Lease).UnixMilli(), MaxBytes: outbox.DefaultMaxBatchBytes,
+		ExcludeTopics: held,
 	}
 	// Most passes find nothing: one read tells, where an empty claim is a
 	// transaction of four round trips.
@@ -336,11 +347,19 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	}
 	rescued := len(ok)
 	if rescued > 0 {
-		ids := make([]any, len(ok))
-		for i, c := range ok {
-			ids[i] = c.Message.TaskID
+		at := s.cfg.Now()
+		if s.held == nil {
+			s.held = map[string]*lastRescue{}
 		}
-		s.lastIDs, s.lastTime = ids, s.cfg.Now()
+		fresh := map[string]bool{}
+		for _, c := range ok {
+			t := c.Message.Topic
+			if !fresh[t] {
+				fresh[t] = true
+				s.held[t] = &lastRescue{at: at}
+			}
+			s.held[t].ids = append(s.held[t].ids, c.Message.TaskID)
+		}
 		s.cfg.Logger.Info("delaybridge scanner: rescued overdue tasks", "rows", rescued)
 		if s.cfg.Hooks.Rescued != nil {
 			s.cfg.Hooks.Rescued(rescued)
@@ -352,27 +371,59 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	return len(claimed), nil
 }
 
-// behind reports whether the last rescue is still mostly unhandled and
-// younger than HoldWhileBehind, so this pass must not rescue more.
-func (s *Scanner) behind(ctx context.Context) (bool, error) {
-	if s.cfg.HoldWhileBehind < 0 || len(s.lastIDs) == 0 {
-		return false, nil
+// behind returns the topics whose last rescue is still mostly unhandled
+// and younger than HoldWhileBehind, in order: this pass rescues none of
+// theirs.
+func (s *Scanner) behind(ctx context.Context) ([]string, error) {
+	if s.cfg.HoldWhileBehind < 0 || len(s.held) == 0 {
+		return nil, nil
 	}
-	if s.cfg.Now().Sub(s.lastTime) >= s.cfg.HoldWhileBehind {
-		s.lastIDs = nil
-		return false, nil
+	now := s.cfg.Now()
+	var ids []int64
+	for t, r := range s.held {
+		if now.Sub(r.at) >= s.cfg.HoldWhileBehind {
+			delete(s.held, t)
+			continue
+		}
+		ids = append(ids, r.ids...)
 	}
-	var open int
-	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND id IN "+
-		store.InList(len(s.lastIDs)), s.lastIDs...).Scan(&open); err != nil {
-		return false, fmt.Errorf("scanner: check the last rescue: %w", err)
+	open := map[string]int{}
+	for _, chunk := range store.Chunks(ids) {
+		rows, err := s.db.QueryContext(ctx, "SELECT topic, COUNT(*) FROM delay_task WHERE state = 'published' AND id IN "+
+			store.InList(len(chunk))+" GROUP BY topic", chunk...)
+		if err != nil {
+			return nil, fmt.Errorf("scanner: check the last rescue: %w", err)
+		}
+		for rows.Next() {
+			var (
+				t string
+				n int
+			)
+			if err := rows.Scan(&t, &n); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("scanner: check the last rescue: %w", err)
+			}
+			open[t] += n
+		}
+		if err := rows.Err(); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scanner: check the last rescue: %w", err)
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("scanner: check the last rescue: %w", err)
+		}
 	}
-	if 2*open > len(s.lastIDs) {
-		s.cfg.Logger.Debug("delaybridge scanner: last rescue not handled yet; holding", "open", open, "rescued", len(s.lastIDs))
-		return true, nil
+	var out []string
+	for t, r := range s.held {
+		if 2*open[t] > len(r.ids) {
+			out = append(out, t)
+			s.cfg.Logger.Debug("delaybridge scanner: last rescue not handled yet; holding the topic", "topic", t, "open", open[t], "rescued", len(r.ids))
+			continue
+		}
+		delete(s.held, t)
 	}
-	s.lastIDs = nil
-	return false, nil
+	slices.Sort(out)
+	return out, nil
 }
 
 // Backlog counts pending tasks overdue by more than PendingAlert (the relay

@@ -134,6 +134,59 @@ func TestScanner_HoldsWhileItsLastRescueIsUnhandled(t *testing.T) {
 	}
 }
 
+// The hold is per topic: while the rescue of one topic (its consumers
+// down) stays unhandled, another topic's lost messages are still rescued,
+// though the held topic's overdue tasks come first in the index. Held as
+// a whole, the scanner rescued nothing of the other topic until the hold
+// expired, and again after each rescue of the first.
+func TestScanner_HoldsOnlyTheTopicWhoseRescueIsUnhandled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 30 {
+		b.task(t, fmt.Sprint("down-", i), outbox.StatePublished, time.Now().Add(-2*time.Hour))
+	}
+	for i := range 3 {
+		if _, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "lost", Key: fmt.Sprint("lost-", i), DueAt: time.Now().Add(-time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'published' WHERE topic = 'lost'"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	s := b.scanner(t, b.mem, scanner.Config{BatchSize: 10, Grace: 2 * time.Minute, HoldWhileBehind: time.Minute, Now: func() time.Time { return now }})
+	rescued := func(topic string) int {
+		t.Helper()
+		var n int
+		if err := b.db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE topic = ? AND rescues > 0", topic).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rescue := func(want int, why string) {
+		t.Helper()
+		if got, err := s.Rescue(b.ctx); err != nil || got != want {
+			t.Fatalf("%s: Rescue = %d, %v; want %d", why, got, err, want)
+		}
+	}
+	rescue(10, "first pass: the oldest, all of the topic whose consumers are down")
+	rescue(3, "second pass: that topic held, the other's lost messages")
+	if n := rescued("lost"); n != 3 {
+		t.Fatalf("%d of topic lost rescued, want 3", n)
+	}
+	rescue(0, "both topics held")
+	// The lost messages are handled; the other topic stays held.
+	if _, err := b.db.Exec("UPDATE delay_task SET state = 'done' WHERE topic = 'lost'"); err != nil {
+		t.Fatal(err)
+	}
+	rescue(0, "topic lost handled, nothing of it left; the other still held")
+	if n := rescued("scan"); n != 10 {
+		t.Fatalf("%d of the held topic rescued, want the first 10 only", n)
+	}
+	now = now.Add(time.Minute)
+	rescue(10, "the hold on the first topic expired")
+}
+
 func TestScanner_TwoScannersRescueEachTaskOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -314,10 +367,26 @@ func TestScanner_OverdueQueryIsAnIndexRangeScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim, args := store.ClaimQuery(spec)
+	// The same with topics held (Config.HoldWhileBehind).
+	held := spec
+	held.ExcludeTopics = []string{"scan", "other-topic"}
+	heldLook, err := store.FirstQuery(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldClaim, heldArgs := store.ClaimQuery(held)
+	if !strings.Contains(heldLook, "NOT IN ('scan','other-topic')") || !strings.Contains(heldClaim, "topic NOT IN (?,?)") {
+		t.Errorf("held topics not left out:\n%s\n%s", heldLook, heldClaim)
+	}
+	// A name that is no topic is never written into the look.
+	held.ExcludeTopics = []string{"x') OR ('1'='1"}
+	if q, err := store.FirstQuery(held); err == nil {
+		t.Errorf("FirstQuery wrote an invalid topic into %s", q)
+	}
 	for name, q := range map[string]struct {
 		query string
 		args  []any
-	}{"look": {look, nil}, "claim": {claim, args}} {
+	}{"look": {look, nil}, "claim": {claim, args}, "look with topics held": {heldLook, nil}, "claim with topics held": {heldClaim, heldArgs}} {
 		var (
 			id                                                 int
 			selectType, table, typ, possible, key, keyLen, ref sql.NullString

@@ -61,6 +61,10 @@ type ClaimSpec struct {
 	// its previous claim, so the claim does not read again, one by one,
 	// the rows still leased to the claims before it.
 	After *Position
+	// ExcludeTopics leaves the rows of these topics out: the scanner's
+	// hold on topics whose last rescue is still unhandled. Each is a
+	// topic broker.ValidateTopic accepts (FirstQuery refuses others).
+	ExcludeTopics []string
 }
 
 // Position is a row's place in the (state, due_ms, id) index.
@@ -177,6 +181,14 @@ func ClaimQuery(spec ClaimSpec) (string, []any) {
 		after = " AND (due_ms > ? OR due_ms = ? AND id > ?)"
 		args = append(args, p.DueMS, p.DueMS, p.ID)
 	}
+	if len(spec.ExcludeTopics) > 0 {
+		// topic is the index's last column: the rows left out are
+		// skipped on the index, without reading them.
+		after += " AND topic NOT IN " + InList(len(spec.ExcludeTopics))
+		for _, t := range spec.ExcludeTopics {
+			args = append(args, t)
+		}
+	}
 	return `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?` + after + `
@@ -213,9 +225,21 @@ func FirstQuery(spec ClaimSpec) (string, error) {
 		return "", fmt.Errorf("outbox: first claimable: state %q is not claimed", spec.State)
 	}
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	exclude := ""
+	if len(spec.ExcludeTopics) > 0 {
+		quoted := make([]string, len(spec.ExcludeTopics))
+		for i, t := range spec.ExcludeTopics {
+			// Only [A-Za-z0-9_-]: safe to write between quotes.
+			if err := broker.ValidateTopic(t); err != nil {
+				return "", fmt.Errorf("outbox: first claimable: excluded %w", err)
+			}
+			quoted[i] = "'" + t + "'"
+		}
+		exclude = " AND topic NOT IN (" + strings.Join(quoted, ",") + ")"
+	}
 	return "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '" + spec.State +
 		"' AND due_ms <= " + n(spec.DueAtMost) + " AND next_attempt_ms <= " + n(spec.ReadyAtMost) +
-		" AND published_ms <= " + n(spec.PublishedAtMost) + " ORDER BY due_ms, id LIMIT 1", nil
+		" AND published_ms <= " + n(spec.PublishedAtMost) + exclude + " ORDER BY due_ms, id LIMIT 1", nil
 }
 
 // Outcome statements of a claim. Each runs in its own short transaction
