@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,6 +170,36 @@ VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
 	}
 	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
 		t.Fatal("the valid row beside it was not published")
+	}
+}
+
+// When marking an invalid row dead fails, the valid rows claimed with it
+// are published all the same, and Once reports the failure. (Returning at
+// the failure left them leased and unpublished for a whole lease.) The
+// scratch database refuses the dead mark through a trigger.
+func TestRelay_ValidRowsGoOutWhenMarkingAnInvalidOneDeadFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	b.schedule(t, outbox.Task{Topic: "hand", Key: "good", DueAt: time.Now()})
+	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
+VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(`CREATE TRIGGER refuse_dead BEFORE UPDATE ON delay_task FOR EACH ROW
+IF NEW.state = 'dead' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'dead refused by the test'; END IF`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx)
+	if n != 2 || err == nil || !strings.Contains(err.Error(), "dead refused by the test") {
+		t.Fatalf("Once = %d, %v; want both rows claimed and the refused mark reported", n, err)
+	}
+	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
+		t.Fatal("the valid row was not published beside the invalid one")
+	}
+	if got := b.count(t, "task_key = 'epoch' AND state = 'pending' AND lease_owner <> 0"); got != 1 {
+		t.Fatal("the invalid row is not left leased for a later claim")
 	}
 }
 

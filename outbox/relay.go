@@ -511,9 +511,13 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	// it must not be retried forever nor hold up the rows beside it.
 	claimed := len(batch)
 	batch, invalid := splitInvalid(batch)
+	var deadErr error
 	for reason, rows := range invalid {
 		if _, err := store.MarkDead(ctx, r.db, owner, store.Pending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
-			return claimed, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err)
+			// The valid rows go out all the same; these keep their lease
+			// and are claimed, and marked dead, again when it expires.
+			deadErr = errors.Join(deadErr, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err))
+			continue
 		}
 		r.cfg.Logger.Error("delaybridge relay: a row no broker can carry; marked dead", "rows", len(rows), "reason", reason)
 		if r.cfg.Hooks.Dead != nil {
@@ -521,7 +525,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 		}
 	}
 	if len(batch) == 0 {
-		return claimed, nil
+		return claimed, deadErr
 	}
 	msgs := make([]*broker.Message, len(batch))
 	for i, c := range batch {
@@ -577,7 +581,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	if stopping {
 		return claimed, ctx.Err()
 	}
-	return claimed, nil
+	return claimed, deadErr
 }
 
 // claimNext runs a claim loop's claim, one loop at a time: from the
