@@ -355,7 +355,11 @@ func (l *pubLoop) pump() {
 			l.declared[m.topic] = true
 		}
 		tag := l.ch.GetNextPublishSeqNo()
-		if err := l.ch.PublishWithContext(r.ctx, m.exchange, m.key, m.mandatory, false, m.pub); err != nil {
+		// The caller's context was checked above. Given to the client, a
+		// context that ended since (during a topic's declaration) failed
+		// the publish as if the channel had, and the channel went down
+		// with every other caller's unconfirmed messages.
+		if err := l.ch.PublishWithContext(context.WithoutCancel(r.ctx), m.exchange, m.key, m.mandatory, false, m.pub); err != nil {
 			r.settle(i, fmt.Errorf("%w: %w", ErrConnectionLost, err))
 			l.lost(err)
 			return
