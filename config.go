@@ -251,7 +251,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 // RegisterConsumerFlags adds the settings only consumers use: RabbitMQ
 // prefetch, RocketMQ consumer groups and topic creation.
 func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
-	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead)")
+	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead); at most 65535")
 	fs.Var(nonEmpty{&c.RocketGroupPrefix}, "rocketmq-group-prefix", "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
 	fs.IntVar(&c.RocketConsumeGoroutines, "rocketmq-consume-goroutines", c.RocketConsumeGoroutines, "deliveries each RocketMQ consumer subscription may hold unsettled, early ones held until due included: keep it above the due rate per topic per second × the brokers' timerPrecisionMs")
 	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
@@ -328,8 +328,8 @@ func (c Config) RabbitConfig() (rabbit.Config, error) {
 	if c.AMQPURL == "" {
 		return cfg, &NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
 	}
-	if c.RabbitPrefetch <= 0 {
-		return cfg, fmt.Errorf("--rabbit-prefetch must be positive, not %d", c.RabbitPrefetch)
+	if c.RabbitPrefetch <= 0 || c.RabbitPrefetch > rabbit.MaxPrefetch {
+		return cfg, fmt.Errorf("--rabbit-prefetch must be 1 to %d (AMQP's prefetch count is 16 bits), not %d", rabbit.MaxPrefetch, c.RabbitPrefetch)
 	}
 	if c.RabbitDeadLettering != "" {
 		d, err := rabbit.ParseDeadLettering(c.RabbitDeadLettering)

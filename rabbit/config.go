@@ -129,6 +129,8 @@ const (
 	// about their size in memory: at 5,000 due a second, about 60 MB more
 	// than with half the lead and prefetch.
 	DefaultPrefetch = 60000
+	// MaxPrefetch is the largest Prefetch: AMQP's prefetch count is 16 bits.
+	MaxPrefetch = 65535
 	// DefaultConnectionName names the connections in the management UI and
 	// in rabbitmqctl list_connections.
 	DefaultConnectionName = "delaybridge"
@@ -227,7 +229,8 @@ type Config struct {
 	Channels int
 	// Prefetch is the consumer prefetch of each subscription. Early
 	// messages the runtime holds count against it, so it should exceed the
-	// due rate × (Unit + Lead). Default DefaultPrefetch.
+	// due rate × (Unit + Lead). Default DefaultPrefetch; at most
+	// MaxPrefetch.
 	Prefetch int
 	// ConnectionName is sent as the connection_name client property,
 	// followed by the role (" publisher", " subscriber <topic>"). Default
@@ -313,6 +316,11 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Prefetch <= 0 {
 		c.Prefetch = DefaultPrefetch
+	}
+	if c.Prefetch > MaxPrefetch {
+		// basic.qos carries the count in 16 bits: the client would send
+		// 65536 as 0, no limit at all, and 100000 as 34464.
+		return c, fmt.Errorf("rabbit: Config.Prefetch %d is above %d, the most AMQP's basic.qos can carry; for a higher due rate run more consumer processes, or lower Unit or Lead", c.Prefetch, MaxPrefetch)
 	}
 	if c.ConnectionName == "" {
 		c.ConnectionName = DefaultConnectionName

@@ -109,6 +109,20 @@ func TestConfig_RefusesADepthOrUnitOutOfRange(t *testing.T) {
 	}
 }
 
+// A prefetch above what AMQP's 16-bit count carries is refused: the client
+// would send 65536 as 0 (no limit at all) and 100000 as 34464.
+func TestConfig_RefusesAPrefetchAbove65535(t *testing.T) {
+	for _, n := range []int{MaxPrefetch + 1, 100000} {
+		cfg := Config{URL: "amqp://u:p@127.0.0.1:5672/", Prefetch: n}
+		if _, err := NewSubscriber(cfg); err == nil || !strings.Contains(err.Error(), "Config.Prefetch") {
+			t.Errorf("Prefetch %d: NewSubscriber err = %v, want one naming Config.Prefetch", n, err)
+		}
+	}
+	if _, err := (Config{URL: "amqp://u:p@127.0.0.1:5672/", Prefetch: MaxPrefetch}).withDefaults(); err != nil {
+		t.Errorf("Prefetch %d refused: %v", MaxPrefetch, err)
+	}
+}
+
 // AtMostOnce is the ladder's way around the stall of RabbitMQ before
 // 3.12.5 after a cluster node is lost (docs/deployment.md): every level
 // queue is declared with it, and the default stays at-least-once.

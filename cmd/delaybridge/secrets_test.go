@@ -483,7 +483,7 @@ func TestCommands_RequireAnExplicitDatabaseAndRabbitMQ(t *testing.T) {
 	}
 	for _, cmd := range []string{"demo", "bench"} {
 		_, errOut, err := run(t, cmd, "--rabbit-prefetch", "0")
-		if err == nil || !strings.Contains(err.Error(), "--rabbit-prefetch must be positive") ||
+		if err == nil || !strings.Contains(err.Error(), "--rabbit-prefetch must be 1 to 65535") ||
 			!strings.Contains(errOut, "using the local development database") || !strings.Contains(errOut, "using the local development RabbitMQ") {
 			t.Errorf("%s without settings: %v\n%s", cmd, err, errOut)
 		}

@@ -372,7 +372,8 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	}{
 		{[]string{"--lookahead", "-1s"}, "--lookahead must not be negative"},
 		{[]string{"--lookahead", "1s", "--relay-only"}, "--relay-only cannot wait for a lookahead"},
-		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be positive"},
+		{[]string{"--rabbit-prefetch", "0"}, "--rabbit-prefetch must be 1 to 65535"},
+		{[]string{"--rabbit-prefetch", "65536"}, "--rabbit-prefetch must be 1 to 65535"},
 		{[]string{"--broker", "kafka"}, `--broker "kafka"`},
 		{[]string{"--topic", "two words"}, "--topic"},
 		{[]string{"--concurrency", "-1"}, "--concurrency -1: need 0"},
