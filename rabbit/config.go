@@ -212,6 +212,12 @@ type Config struct {
 	// queue; with x-overflow=reject-publish a publish into a full queue is
 	// nacked and Publish reports that message failed (the relay retries it
 	// later), and a full topic queue holds back the ladder's last level.
+	// The levels are shared by every topic: the messages of a topic whose
+	// queue is full wait in the levels and count against their bound, so a
+	// topic whose consumers stay down until its queue fills can then fill
+	// a level, and every topic's publishes through that level are nacked
+	// (and retried) until it drains. Alert on a topic queue's depth well
+	// below the bound.
 	// Negative means no guard. Default DefaultMaxLength. Changing it needs
 	// the queues deleted first (RabbitMQ refuses to redeclare a queue with
 	// other arguments).
