@@ -77,3 +77,57 @@ func TestPublisher_BatchedDueMessagesArriveEachWithItsOwnEnvelope(t *testing.T) 
 		}
 	}
 }
+
+// Timed messages whose hops end in one slot of the wheel go in one batch
+// that carries the delay itself (the broker ignores a delay inside a
+// batch): they arrive together, no earlier than two precisions before due
+// (one for the lead of the last hop, one for sharing the slot) and well
+// before the consumer's patience runs out, each with its own envelope.
+// Without the batch's delay they would arrive at once, seconds early.
+func TestPublisher_TimedBatchArrivesWithTheWheelSlot(t *testing.T) {
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	pub, sub := e.clients(t, topic, rocket.TimerLimits(localTimerMaxDelay, localPrecision))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(3 * time.Second).Truncate(localPrecision).Add(localPrecision / 2)
+	want := map[string]*broker.Message{}
+	var msgs []*broker.Message
+	for i := range 40 {
+		m := &broker.Message{Topic: topic, Key: "timed-" + strconv.Itoa(i), Payload: []byte("p" + strconv.Itoa(i)),
+			DeliverAt: broker.MillisUTC(due.Add(time.Duration(i%5) * time.Millisecond)), Headers: map[string]string{"h": strconv.Itoa(i)}}
+		want[m.Key] = m
+		msgs = append(msgs, m)
+	}
+	if err := pub.Publish(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	for len(want) > 0 {
+		d := receive(t, ch)
+		if d.Err != nil {
+			t.Fatalf("delivery not decoded: %v", d.Err)
+		}
+		got, arrived := d.Message, time.Now()
+		w, ok := want[got.Key]
+		if !ok {
+			t.Fatalf("unexpected or repeated delivery %q", got.Key)
+		}
+		delete(want, got.Key)
+		if !bytes.Equal(got.Payload, w.Payload) || got.Headers["h"] != w.Headers["h"] || !got.DeliverAt.Equal(w.DeliverAt) {
+			t.Errorf("%s arrived as %+v, want %+v", got.Key, got, w)
+		}
+		if early := w.DeliverAt.Sub(arrived); early > 2*localPrecision {
+			t.Fatalf("%s arrived %v before due, more than two precisions: the batch's delay was not applied", got.Key, early)
+		}
+		if late := arrived.Sub(w.DeliverAt); late > 2*time.Second {
+			t.Errorf("%s arrived %v after due", got.Key, late)
+		}
+		if err := d.Acker.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -41,10 +41,10 @@ type Config struct {
 	// the same prefix competes for its messages. Default "delaybridge".
 	GroupPrefix string
 	// SendWorkers bounds the sends one Publisher has in flight to the
-	// broker at once. Timed messages cannot be batched (the broker applies
-	// no delay property inside a batch), so their throughput comes from
-	// sending many one at a time concurrently; messages already due go up
-	// to 32 in a send (see Publisher). Default 64.
+	// broker at once. Messages already due, and in timer mode timed
+	// messages whose hops end in the same slot of the wheel, go up to 32 in
+	// a send; the others go one at a time, many concurrently (see
+	// Publisher). Default 64.
 	SendWorkers int
 	// SendTimeout bounds one send attempt. Default 3s. With several broker
 	// groups it is also how long a send already on its way to a broker that

@@ -33,12 +33,15 @@ type fakeProducer struct {
 	mu       sync.Mutex
 	sent     []*primitive.Message
 	requests [][]*primitive.Message
+	delays   []int64 // each request's batch delay in ms (setBatchDelay's), 0 for none
 }
 
 func (f *fakeProducer) SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error) {
+	d, _ := ctx.Value(batchDelayKey{}).(int64)
 	f.mu.Lock()
 	f.sent = append(f.sent, msgs...)
 	f.requests = append(f.requests, msgs)
+	f.delays = append(f.delays, d)
 	f.mu.Unlock()
 	if f.batchAnswer != nil {
 		return f.batchAnswer(ctx, msgs)
@@ -74,9 +77,10 @@ func guardMessage(key string, due time.Time) *broker.Message {
 
 // A send the broker answered with another status than SEND_OK (stored on
 // the master, not flushed or not replicated in time) is not confirmed:
-// a timed message's alone, and every message of a batch of due ones.
+// a message sent alone, and every message of a batch.
 func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
-	later := time.Now().Add(time.Minute) // timed: each goes alone
+	// Timed, each in a slot of its own: each goes alone.
+	later := func(i int) time.Time { return time.Now().Add(time.Minute + time.Duration(i)*time.Second) }
 	for _, status := range []primitive.SendStatus{primitive.SendFlushDiskTimeout, primitive.SendFlushSlaveTimeout, primitive.SendSlaveNotAvailable, primitive.SendUnknownError} {
 		f := &fakeProducer{answer: func(_ context.Context, m *primitive.Message) (*primitive.SendResult, error) {
 			if m.GetProperty(propKeys) == "bad" {
@@ -85,7 +89,7 @@ func TestPublisher_SendStatusOtherThanSendOKFailsThatMessage(t *testing.T) {
 			return &primitive.SendResult{Status: primitive.SendOK}, nil
 		}}
 		p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 4, f)
-		msgs := []*broker.Message{guardMessage("good", later), guardMessage("bad", later), guardMessage("good-2", later)}
+		msgs := []*broker.Message{guardMessage("good", later(0)), guardMessage("bad", later(1)), guardMessage("good-2", later(2))}
 		errs := broker.PublishResults(p.Publish(context.Background(), msgs...), len(msgs))
 		if errs[0] != nil || errs[2] != nil {
 			t.Errorf("status %d: the SEND_OK messages failed: %v, %v", status, errs[0], errs[2])
@@ -167,6 +171,76 @@ func TestPublisher_DueMessagesGoInBatchesTimedOnesAlone(t *testing.T) {
 	}
 }
 
+// In timer mode, timed messages whose hops end in the same slot of the
+// wheel go in one batch, which carries the shortest of their delays: no
+// message is asked to wait longer than its own plan, nor less than its
+// plan less one precision (the consumer holds up to two). Messages of
+// other slots go in other batches, and with delay levels each delayed
+// message goes alone.
+func TestPublisher_TimedMessagesOfOneWheelSlotGoInOneBatch(t *testing.T) {
+	const precision = 100 * time.Millisecond
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisher(t, TimerLimits(time.Hour, precision), 4, f)
+	now := time.Now()
+	slotStart := now.Truncate(precision).Add(10 * time.Second)
+	var msgs []*broker.Message
+	plans := map[string]time.Duration{}
+	for i := range 10 {
+		// Ten due across one slot (each asks one precision early), three
+		// in the slot after.
+		m := guardMessage("s-"+strconv.Itoa(i), slotStart.Add(precision+time.Duration(i*9)*time.Millisecond))
+		msgs = append(msgs, m)
+	}
+	for i := range 3 {
+		msgs = append(msgs, guardMessage("n-"+strconv.Itoa(i), slotStart.Add(2*precision+time.Duration(i)*time.Millisecond)))
+	}
+	for _, m := range msgs {
+		plans[m.Key] = PlanHop(p.cfg.Limits, time.Now(), m.DeliverAt).Delay
+	}
+	if err := p.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int{}
+	for r, req := range f.requests {
+		d := time.Duration(f.delays[r]) * time.Millisecond
+		if len(req) > 1 && d <= 0 {
+			t.Errorf("a batch of %d timed messages without a delay", len(req))
+		}
+		for _, m := range req {
+			key := m.GetProperty(propKeys)
+			if len(req) > 1 && m.GetProperty(propTimerDelayMS) != "" {
+				t.Errorf("%s carries its own delay inside a batch", key)
+			}
+			if len(req) > 1 && (d > plans[key] || d <= plans[key]-precision-50*time.Millisecond) {
+				t.Errorf("%s planned %v went in a batch asking %v", key, plans[key], d)
+			}
+		}
+		sizes[req[0].GetProperty(propKeys)[:1]] += 1
+		if len(req) > 1 {
+			sizes[req[0].GetProperty(propKeys)[:1]+"-batched"] += len(req)
+		}
+	}
+	// Where the two slots meet the split may move by the milliseconds the
+	// test's planning and Publish's lie apart; most go together.
+	if sizes["s-batched"] < 8 || sizes["n-batched"] < 2 || len(f.requests) > 4 {
+		t.Errorf("sends %v (%d in all); want the slot's ten and the next slot's three each in one batch", sizes, len(f.requests))
+	}
+
+	// Levels: every delayed message alone.
+	f = &fakeProducer{answer: sendOK}
+	p = fakePublisher(t, LevelLimits(DefaultLevels(), 0), 4, f)
+	var lv []*broker.Message
+	for i := range 5 {
+		lv = append(lv, guardMessage("l-"+strconv.Itoa(i), time.Now().Add(7*time.Second)))
+	}
+	if err := p.Publish(context.Background(), lv...); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.requests) != 5 {
+		t.Errorf("%d sends for 5 messages with a delay level, want each alone", len(f.requests))
+	}
+}
+
 // A batch the broker refused for good (code 13) is sent again message by
 // message: only the message it refuses alone fails with ErrRejected, the
 // others are confirmed. Without the split one bad message would fail its
@@ -217,8 +291,9 @@ func TestPublisher_MessageNotSentBeforeTheContextEndedFails(t *testing.T) {
 	p := fakePublisher(t, TimerLimits(time.Hour, time.Second), 1, f)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	later := time.Now().Add(time.Minute) // timed: each goes alone
-	msgs := []*broker.Message{guardMessage("a", later), guardMessage("b", later), guardMessage("c", later)}
+	// Timed, each in a slot of its own: each goes alone.
+	later := time.Now().Add(time.Minute)
+	msgs := []*broker.Message{guardMessage("a", later), guardMessage("b", later.Add(time.Second)), guardMessage("c", later.Add(2*time.Second))}
 	for i, err := range broker.PublishResults(p.Publish(ctx, msgs...), len(msgs)) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("#%d: err = %v, want context.DeadlineExceeded", i, err)

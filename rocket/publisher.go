@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,21 +68,36 @@ import (
 //
 // # Batches
 //
-// A timed message goes out alone: the broker applies no delay property of
-// a message inside a batch, so a timed message in a batch would be
-// delivered at once. A message due now (overdue, or due within one
-// precision, or below the smallest level) has no delay property, and those
-// of one Publish call for one topic go out in batches of up to
-// maxSendBatch: the broker stores a batch in one write and answers once,
-// which costs it and the client a fraction of one send per message. A
-// relay draining a backlog of due tasks, or the scanner re-publishing
-// them, sends that way (BENCHMARKS.md, "Relay throughput"). A batch is
-// stored whole or not at all, so its messages succeed or fail together; if
-// the broker refuses a batch for good (code 13), each of its messages is
-// sent alone, so only a message the broker refuses alone fails for good.
-// A payload of maxBatchedPayload or more, or properties above
-// maxBatchedProperties, go alone too: the client does not compress a
-// batch, and writes an inner message's properties length in 16 bits.
+// The messages of one Publish call for one topic that the broker is to
+// deliver at the same moment go out in batches of up to maxSendBatch: the
+// broker stores a batch in one write and answers once, and the client
+// writes one request instead of one a message, so a batch costs both a
+// fraction of sending its messages one by one (BENCHMARKS.md, "Relay
+// throughput"). That is:
+//
+//   - messages due now (overdue, due within one precision, or below the
+//     smallest level), which carry no delay;
+//   - in timer mode, timed messages whose hops end in the same slot of the
+//     broker's timer wheel (Limits.Precision): the wheel delivers a slot's
+//     messages together at its end anyway. The broker reads a batch's
+//     delay from the batch, not from the messages in it, so the batch
+//     carries TIMER_DELAY_MS itself (set by an interceptor of the client,
+//     which builds the batch), planned right before the send as the
+//     shortest of its messages'. That delay ends in the slot each of
+//     theirs ends in (a last hop's end is due less one precision whenever
+//     it is planned), so each message arrives when it would alone; were
+//     the broker's clock to put it a slot earlier, it would still be
+//     within two precisions of due, which the consumer holds (its
+//     HoldWindow is at least twice the precision).
+//
+// With delay levels (RocketMQ 4.x) a delayed message goes alone: the broker
+// refuses a batch with a level. A batch is stored whole or not at all, so
+// its messages succeed or fail together; if the broker refuses a batch for
+// good (code 13), each of its messages is sent alone, so only a message the
+// broker refuses alone fails for good. A payload of maxBatchedPayload or
+// more, or properties above maxBatchedProperties, go alone too: the client
+// does not compress a batch, and writes an inner message's properties
+// length in 16 bits. A batch of one goes alone.
 //
 // Each send builds its properties from broker.Encode and the planned hop
 // only, never from a received message, so no TIMER_* property of an
@@ -143,6 +159,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		producer.WithSendMsgTimeout(cfg.SendTimeout),
 		producer.WithRetry(cfg.SendRetries),
 		producer.WithQueueSelector(newQueueSelector(brokerSettle)),
+		producer.WithInterceptor(setBatchDelay),
 	}, clientOptions(cfg, producer.WithCredentials, producer.WithTls)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("rocket: new producer: %w", err)
@@ -192,13 +209,18 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	}
 	flush := func(b *sendBatch) {
 		idx, ms := b.idx, b.msgs
+		if len(idx) == 1 {
+			i := idx[0]
+			start(idx, func() { errs[i] = p.send(ctx, msgs[i]) })
+			return
+		}
 		start(idx, func() {
 			for k, err := range p.sendBatch(ctx, msgs, idx, ms) {
 				errs[idx[k]] = err
 			}
 		})
 	}
-	batches := map[string]*sendBatch{}
+	batches := map[batchKey]*sendBatch{}
 	var alone []int
 	now := p.now()
 	for i, m := range msgs {
@@ -206,15 +228,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 			errs[i] = err
 			continue
 		}
-		if pm, size, ok := p.batchable(m, now); ok {
-			b := batches[m.Topic]
+		if pm, size, key, ok := p.batchable(m, now); ok {
+			b := batches[key]
 			if b != nil && (len(b.msgs) == maxSendBatch || b.size+size > maxBatchBytes) {
 				flush(b)
 				b = nil
 			}
 			if b == nil {
 				b = &sendBatch{}
-				batches[m.Topic] = b
+				batches[key] = b
 			}
 			b.add(i, pm, size)
 			continue
@@ -222,8 +244,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		alone = append(alone, i)
 	}
 	// Due messages first: they are late already, a timed one is not.
-	for _, b := range batches {
-		flush(b)
+	for key, b := range batches {
+		if key.slot == dueNow {
+			flush(b)
+		}
+	}
+	for key, b := range batches {
+		if key.slot != dueNow {
+			flush(b)
+		}
 	}
 	for _, i := range alone {
 		start([]int{i}, func() { errs[i] = p.send(ctx, msgs[i]) })
@@ -266,7 +295,17 @@ const (
 	maxBatchBytes = 128 << 10
 )
 
-// sendBatch is the due messages of one topic gathered for one send.
+// batchKey is what the messages of one batch share: the topic, and the
+// slot of the timer wheel their hop ends in, or dueNow.
+type batchKey struct {
+	topic string
+	slot  int64
+}
+
+// dueNow is the slot of the messages that carry no delay.
+const dueNow = -1
+
+// sendBatch is the messages of one batchKey gathered for one send.
 type sendBatch struct {
 	idx  []int // their positions in Publish's msgs
 	msgs []*primitive.Message
@@ -280,15 +319,25 @@ func (b *sendBatch) add(i int, m *primitive.Message, size int) {
 }
 
 // batchable returns m as the client message a batch carries, with its
-// encoded size, when m is due at now (its hop has no delay) and small
-// enough for a batch. A hop planned now without a delay has none later
-// either, so planning it here, before the send, sends it no earlier.
-func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Message, int, bool) {
+// encoded size and the batch it belongs to, when m can go in one: due at
+// now (its hop has no delay; planned now without a delay, it has none
+// later either, so it is sent no earlier), or in timer mode, timed; and
+// small enough. The message carries no delay property of its own: a timed
+// batch's is the batch's (sendBatch).
+func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Message, int, batchKey, bool) {
+	key := batchKey{topic: m.Topic, slot: dueNow}
 	hop := PlanHop(p.cfg.Limits, now, m.DeliverAt)
-	if hop.Level > 0 || hop.Delay >= time.Millisecond || len(m.Payload) >= maxBatchedPayload {
-		return nil, 0, false
+	precision := p.cfg.Limits.Precision.Milliseconds()
+	switch {
+	case len(m.Payload) >= maxBatchedPayload, hop.Level > 0:
+		return nil, 0, key, false
+	case hop.Delay >= time.Millisecond:
+		if precision <= 0 {
+			return nil, 0, key, false
+		}
+		key.slot = now.Add(hop.Delay).UnixMilli() / precision
 	}
-	msg := p.message(m, hop)
+	msg := p.message(m, broker.HopPlan{})
 	// The client gives a lone message an id (the broker's message id);
 	// in a batch each message needs its own, as the Java client sets
 	// them. The client's ids repeat after 65,536 in one second, which
@@ -296,9 +345,26 @@ func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Mess
 	msg.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, primitive.CreateUniqID())
 	props := len(msg.MarshallProperties())
 	if props > maxBatchedProperties {
-		return nil, 0, false
+		return nil, 0, key, false
 	}
-	return msg, 22 + len(msg.Body) + props, true
+	return msg, 22 + len(msg.Body) + props, key, true
+}
+
+// batchDelayKey is the context key under which sendBatch hands a timed
+// batch's delay, in milliseconds, to setBatchDelay.
+type batchDelayKey struct{}
+
+// setBatchDelay is the client interceptor that gives a batch the delay
+// sendBatch planned for it: the client builds the batch message inside
+// SendSync, and the broker reads TIMER_DELAY_MS from it, not from the
+// messages it carries.
+func setBatchDelay(ctx context.Context, req, reply any, next primitive.Invoker) error {
+	if m, ok := req.(*primitive.Message); ok && m.Batch {
+		if ms, ok := ctx.Value(batchDelayKey{}).(int64); ok && ms > 0 {
+			m.WithProperty(propTimerDelayMS, strconv.FormatInt(ms, 10))
+		}
+	}
+	return next(ctx, req, reply)
 }
 
 // sendBatch sends ms, the messages at idx in msgs, in one request and
@@ -306,6 +372,18 @@ func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Mess
 // again message by message, so the message it refused fails alone.
 func (p *Publisher) sendBatch(ctx context.Context, msgs []*broker.Message, idx []int, ms []*primitive.Message) []error {
 	errs := make([]error, len(ms))
+	// The shortest of the messages' hops, planned now, right before the
+	// send, as a lone message's is: the broker counts it from its receipt.
+	now, delay := p.now(), time.Duration(-1)
+	for _, i := range idx {
+		if d := PlanHop(p.cfg.Limits, now, msgs[i].DeliverAt).Delay; delay < 0 || d < delay {
+			delay = d
+		}
+	}
+	delay = delay.Truncate(time.Millisecond)
+	if delay > 0 {
+		ctx = context.WithValue(ctx, batchDelayKey{}, delay.Milliseconds())
+	}
 	res, err := p.sendSync(ctx, ms...)
 	if err == nil && res.Status != primitive.SendOK {
 		err = fmt.Errorf("rocket: send: broker answered status %d, not SEND_OK", res.Status)
@@ -316,7 +394,7 @@ func (p *Publisher) sendBatch(ctx context.Context, msgs []*broker.Message, idx [
 			}
 			return errs
 		}
-		err = classify(err, 0, p.cfg.Limits.MaxHop)
+		err = classify(err, delay, p.cfg.Limits.MaxHop)
 	}
 	for k := range errs {
 		errs[k] = err
