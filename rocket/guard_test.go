@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -238,6 +239,64 @@ func TestPublisher_TimedMessagesOfOneWheelSlotGoInOneBatch(t *testing.T) {
 	}
 	if len(f.requests) != 5 {
 		t.Errorf("%d sends for 5 messages with a delay level, want each alone", len(f.requests))
+	}
+}
+
+// setBatchDelay gives a batch the delay its context carries, and leaves a
+// lone message, or a batch without one, as it was.
+func TestSetBatchDelay_OnlyABatchWithADelayGetsOne(t *testing.T) {
+	next := func(context.Context, any, any) error { return nil }
+	with := context.WithValue(context.Background(), batchDelayKey{}, int64(2500))
+	for _, c := range []struct {
+		name  string
+		batch bool
+		ctx   context.Context
+		want  string
+	}{
+		{"batch with a delay", true, with, "2500"},
+		{"lone message", false, with, ""},
+		{"batch due now", true, context.Background(), ""},
+	} {
+		m := primitive.NewMessage("t", []byte("b"))
+		m.Batch = c.batch
+		if err := setBatchDelay(c.ctx, m, &primitive.SendResult{}, next); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetProperty(propTimerDelayMS); got != c.want {
+			t.Errorf("%s: %s = %q, want %q", c.name, propTimerDelayMS, got, c.want)
+		}
+	}
+}
+
+// Earlier hops (MaxHop) and last hops that end in the same slot go in
+// separate batches: an earlier hop's end moves with the time it is
+// planned, a last hop's does not.
+func TestPublisher_EarlierHopsAndLastHopsBatchApart(t *testing.T) {
+	const precision = 100 * time.Millisecond
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisher(t, TimerLimits(time.Minute, precision), 4, f)
+	now := time.Now()
+	// The MaxHop hops end at now + 1m; last hops end one precision before
+	// due, so these end at the start of that slot.
+	slotStart := now.Add(time.Minute).Truncate(precision)
+	var msgs []*broker.Message
+	for i := range 3 {
+		msgs = append(msgs, guardMessage("far-"+strconv.Itoa(i), now.Add(time.Hour+time.Duration(i)*time.Second)))
+		msgs = append(msgs, guardMessage("last-"+strconv.Itoa(i), slotStart.Add(precision)))
+	}
+	if err := p.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.requests) > 4 {
+		t.Fatalf("%d sends for 6 messages: the test's hops fell in different slots", len(f.requests))
+	}
+	for _, req := range f.requests {
+		kind := strings.SplitN(req[0].GetProperty(propKeys), "-", 2)[0]
+		for _, m := range req {
+			if k := strings.SplitN(m.GetProperty(propKeys), "-", 2)[0]; k != kind {
+				t.Errorf("a batch holds %s and %s hops", kind, k)
+			}
+		}
 	}
 }
 

@@ -83,12 +83,13 @@ import (
 //     delay from the batch, not from the messages in it, so the batch
 //     carries TIMER_DELAY_MS itself (set by an interceptor of the client,
 //     which builds the batch), planned right before the send as the
-//     shortest of its messages'. That delay ends in the slot each of
-//     theirs ends in (a last hop's end is due less one precision whenever
-//     it is planned), so each message arrives when it would alone; were
-//     the broker's clock to put it a slot earlier, it would still be
-//     within two precisions of due, which the consumer holds (its
-//     HoldWindow is at least twice the precision).
+//     shortest of its messages'. Last hops and earlier hops (MaxHop)
+//     batch apart. A last hop's end is due less one precision whenever it
+//     is planned, so the batch's delay ends in the slot each of its
+//     messages' ends in, and each arrives when it would alone; were the
+//     broker's slots to fall otherwise, it would still be within two
+//     precisions of due, which the consumer holds (its HoldWindow is at
+//     least twice the precision).
 //
 // With delay levels (RocketMQ 4.x) a delayed message goes alone: the broker
 // refuses a batch with a level. A batch is stored whole or not at all, so
@@ -174,8 +175,8 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 func (p *Publisher) Limits() broker.Limits { return p.cfg.Limits }
 
 // Publish sends the messages, up to SendWorkers sends at once, and returns
-// when the broker answered for all of them: each timed message alone, the
-// ones due now in batches per topic (see Batches above). See
+// when the broker answered for all of them: in batches where they share a
+// topic and a delivery time (see Batches above), the others alone. See
 // broker.Publisher for the meaning of the result.
 func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
 	p.mu.RLock()
@@ -243,7 +244,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		}
 		alone = append(alone, i)
 	}
-	// Due messages first: they are late already, a timed one is not.
+	// The rest of the due messages first: they are late already, a
+	// timed one is not.
 	for key, b := range batches {
 		if key.slot == dueNow {
 			flush(b)
@@ -300,6 +302,7 @@ const (
 type batchKey struct {
 	topic string
 	slot  int64
+	last  bool // the hop is the last: an earlier one's end moves with the time it is planned
 }
 
 // dueNow is the slot of the messages that carry no delay.
@@ -335,7 +338,7 @@ func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Mess
 		if precision <= 0 {
 			return nil, 0, key, false
 		}
-		key.slot = now.Add(hop.Delay).UnixMilli() / precision
+		key.slot, key.last = now.Add(hop.Delay).UnixMilli()/precision, hop.Last
 	}
 	msg := p.message(m, broker.HopPlan{})
 	// The client gives a lone message an id (the broker's message id);
