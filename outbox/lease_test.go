@@ -150,6 +150,17 @@ func TestNewRelay_RefusesALeaseShorterThanThePublishTimeout(t *testing.T) {
 	}
 }
 
+// goodAndInvalid schedules a valid task ("good") and writes by hand one no
+// broker can carry ("epoch": due_ms 0), both of topic "hand".
+func goodAndInvalid(t *testing.T, b *bundle) {
+	t.Helper()
+	b.schedule(t, outbox.Task{Topic: "hand", Key: "good", DueAt: time.Now()})
+	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
+VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A row written by hand that no broker can carry goes dead with its reason
 // and does not hold up the valid rows claimed with it.
 func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
@@ -157,11 +168,7 @@ func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
 	b := setup(t)
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	b.schedule(t, outbox.Task{Topic: "hand", Key: "good", DueAt: time.Now()})
-	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
-VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
-		t.Fatal(err)
-	}
+	goodAndInvalid(t, b)
 	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 2 {
 		t.Fatalf("Once = %d, %v", n, err)
 	}
@@ -182,11 +189,7 @@ func TestRelay_ValidRowsGoOutWhenMarkingAnInvalidOneDeadFails(t *testing.T) {
 	b := setup(t)
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	b.schedule(t, outbox.Task{Topic: "hand", Key: "good", DueAt: time.Now()})
-	if _, err := b.db.Exec(`INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms)
-VALUES ('hand', 'epoch', 0, '', 'pending', 0, 0)`); err != nil {
-		t.Fatal(err)
-	}
+	goodAndInvalid(t, b)
 	if _, err := b.db.Exec(`CREATE TRIGGER refuse_dead BEFORE UPDATE ON delay_task FOR EACH ROW
 IF NEW.state = 'dead' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'dead refused by the test'; END IF`); err != nil {
 		t.Fatal(err)

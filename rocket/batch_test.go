@@ -52,12 +52,27 @@ func TestPublisher_BatchedDueMessagesArriveEachWithItsOwnEnvelope(t *testing.T) 
 		t.Fatal(err)
 	}
 
+	receiveAll(t, ch, want, func(got *broker.Message, _ time.Time, left int) {
+		if got.Key == "timed" && left > 0 {
+			t.Errorf("the timed message arrived before %d of the due ones", left)
+		}
+		if got.Key == "timed" && time.Now().Before(timed.DeliverAt.Add(-localPrecision)) {
+			t.Errorf("the timed message arrived %v before due, more than one precision", time.Until(timed.DeliverAt))
+		}
+	})
+}
+
+// receiveAll receives and acks one delivery of each message in want,
+// checks that each carries the envelope it was sent with, and calls check
+// with it, when it arrived and how many are still to come.
+func receiveAll(t *testing.T, ch <-chan *broker.Delivery, want map[string]*broker.Message, check func(got *broker.Message, arrived time.Time, left int)) {
+	t.Helper()
 	for len(want) > 0 {
 		d := receive(t, ch)
 		if d.Err != nil {
 			t.Fatalf("delivery not decoded: %v", d.Err)
 		}
-		got := d.Message
+		got, arrived := d.Message, time.Now()
 		w, ok := want[got.Key]
 		if !ok {
 			t.Fatalf("unexpected or repeated delivery %q", got.Key)
@@ -66,12 +81,7 @@ func TestPublisher_BatchedDueMessagesArriveEachWithItsOwnEnvelope(t *testing.T) 
 		if !bytes.Equal(got.Payload, w.Payload) || got.Attempt != w.Attempt || got.Trace != w.Trace || got.Headers["h"] != w.Headers["h"] || !got.DeliverAt.Equal(w.DeliverAt) {
 			t.Errorf("%s arrived as %+v, want %+v", got.Key, got, w)
 		}
-		if got.Key == "timed" && len(want) > 0 {
-			t.Errorf("the timed message arrived before %d of the due ones", len(want))
-		}
-		if got.Key == "timed" && time.Now().Before(timed.DeliverAt.Add(-localPrecision)) {
-			t.Errorf("the timed message arrived %v before due, more than one precision", time.Until(timed.DeliverAt))
-		}
+		check(got, arrived, len(want))
 		if err := d.Acker.Ack(); err != nil {
 			t.Fatal(err)
 		}
@@ -106,28 +116,12 @@ func TestPublisher_TimedBatchArrivesWithTheWheelSlot(t *testing.T) {
 	if err := pub.Publish(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	for len(want) > 0 {
-		d := receive(t, ch)
-		if d.Err != nil {
-			t.Fatalf("delivery not decoded: %v", d.Err)
-		}
-		got, arrived := d.Message, time.Now()
-		w, ok := want[got.Key]
-		if !ok {
-			t.Fatalf("unexpected or repeated delivery %q", got.Key)
-		}
-		delete(want, got.Key)
-		if !bytes.Equal(got.Payload, w.Payload) || got.Headers["h"] != w.Headers["h"] || !got.DeliverAt.Equal(w.DeliverAt) {
-			t.Errorf("%s arrived as %+v, want %+v", got.Key, got, w)
-		}
-		if early := w.DeliverAt.Sub(arrived); early > 2*localPrecision {
+	receiveAll(t, ch, want, func(got *broker.Message, arrived time.Time, _ int) {
+		if early := got.DeliverAt.Sub(arrived); early > 2*localPrecision {
 			t.Fatalf("%s arrived %v before due, more than two precisions: the batch's delay was not applied", got.Key, early)
 		}
-		if late := arrived.Sub(w.DeliverAt); late > 2*time.Second {
+		if late := arrived.Sub(got.DeliverAt); late > 2*time.Second {
 			t.Errorf("%s arrived %v after due", got.Key, late)
 		}
-		if err := d.Acker.Ack(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
