@@ -21,6 +21,17 @@ const (
 	testLead  = 200 * time.Millisecond
 )
 
+// brokerClockSlack is how much earlier than planned a raw delivery may
+// reach a test that times the broker's delays itself. RabbitMQ times a
+// message TTL and the plugin's delay by the broker's system (wall) time,
+// the test by Go's monotonic clock, and a wall clock the host steps or
+// slews runs apart from it: on 2026-12-03 one CI run saw deliveries 0.3
+// and 0.7 ms early that way over 1.5-2 s. What these tests guard against
+// (a wrong level, a delay sent as none) is a unit (250 ms) or more early.
+// Never early for a task is the consumer's, which holds a message until
+// due by its own clock and the database's.
+const brokerClockSlack = 5 * time.Millisecond
+
 // bundle is what a test against the real broker needs.
 type bundle struct {
 	tb  testing.TB
