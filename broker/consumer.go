@@ -405,17 +405,45 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 		return err
 	})
-	if c.cfg.Hooks.Grouped != nil && err == nil {
+	// The messages the group left out (ErrHandleAlone) run one at a time
+	// after it, so a row another transaction holds keeps waiting only the
+	// message whose row it is.
+	var grouped, alone []job
+	if err == nil {
+		for i, j := range batch {
+			if errors.Is(errs[i], ErrHandleAlone) {
+				alone = append(alone, j)
+			} else {
+				grouped = append(grouped, j)
+			}
+		}
+	}
+	if c.cfg.Hooks.Grouped != nil && err == nil && len(grouped) > 0 {
 		// A group takes whatever is due, of any topic: each topic is told
 		// how many of its messages the transaction committed. A group that
 		// failed whole committed none; its messages run one at a time.
 		took := time.Since(start)
-		for _, tc := range topicCounts(batch) {
+		for _, tc := range topicCounts(grouped) {
 			c.cfg.Hooks.Grouped(tc.topic, tc.n, took)
 		}
 	}
 	if err != nil {
 		if c.hardCtx.Err() != nil {
+			for _, j := range batch {
+				c.nack(j)
+			}
+			return
+		}
+		if errors.Is(err, ErrUnavailable) {
+			// One at a time they would each wait for the database and
+			// pause in turn: give the group back after one pause.
+			c.log.Warn("delaybridge: the handler's database is unavailable; giving the group back", "messages", len(batch), "err", err)
+			t := time.NewTimer(pauseBeforeNack)
+			select {
+			case <-t.C:
+			case <-c.stopping:
+				t.Stop()
+			}
 			for _, j := range batch {
 				c.nack(j)
 			}
@@ -428,7 +456,16 @@ func (c *Consumer) processGroup(batch []job) {
 		return
 	}
 	for i, j := range batch {
-		c.settle(j, errs[i], now.Sub(j.d.Message.DeliverAt))
+		if !errors.Is(errs[i], ErrHandleAlone) {
+			c.settle(j, errs[i], now.Sub(j.d.Message.DeliverAt))
+		}
+	}
+	for _, j := range alone {
+		if c.hardCtx.Err() != nil {
+			c.nack(j)
+			continue
+		}
+		c.process(j)
 	}
 }
 

@@ -789,3 +789,121 @@ func TestConsumer_NotReadyDeliveryDoesNotHoldUpTheGroup(t *testing.T) {
 	}
 	eventually(t, "all four acked", func() bool { return acks.Load() == 4 })
 }
+
+// A message its group left out (ErrHandleAlone: outbox.HandleGroup found
+// its task row held by another transaction) runs through the Handler on
+// its own after the group, and is neither retried nor counted an attempt.
+func TestConsumer_AMessageLeftOutOfItsGroupRunsAlone(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	var alone, grouped []string
+	var retries atomic.Int32
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		once.Do(func() { close(started); <-release })
+		mu.Lock()
+		alone = append(alone, m.Key)
+		mu.Unlock()
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1,
+		Hooks: broker.Hooks{Retried: func(string, int) { retries.Add(1) }},
+		Group: func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+			errs := make([]error, len(msgs))
+			mu.Lock()
+			defer mu.Unlock()
+			for i, m := range msgs {
+				if m.Key == "held" {
+					errs[i] = fmt.Errorf("task 7: %w", broker.ErrHandleAlone)
+					continue
+				}
+				grouped = append(grouped, m.Key)
+			}
+			return errs, nil
+		}})
+	// The only worker is busy with the first message while three more
+	// arrive: they make one group.
+	bd.publish(t, "first", time.Now())
+	<-started
+	for _, k := range []string{"a", "held", "b"} {
+		bd.publish(t, k, time.Now())
+	}
+	eventually(t, "all 4 delivered", func() bool { return bd.b.Stats().Delivered >= 4 })
+	time.Sleep(200 * time.Millisecond) // the subscription's hand-over to the worker's queue
+	close(release)
+	eventually(t, "all 4 acked", func() bool { return bd.b.Stats().Acked == 4 })
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(grouped, ",") != "a,b" || strings.Join(alone, ",") != "first,held" {
+		t.Fatalf("grouped %v, alone %v: want a and b in the group, held run alone after it", grouped, alone)
+	}
+	if n := retries.Load(); n != 0 {
+		t.Fatalf("%d retries: a message left out of its group is no failure", n)
+	}
+}
+
+// A handler whose database is out (ErrUnavailable) has its message given
+// back and run again, counting no attempt: with one attempt allowed it
+// would otherwise go to dead on the first failure.
+func TestConsumer_AnUnavailableDatabaseCountsNoAttempt(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	var runs, retries atomic.Int32
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		if runs.Add(1) <= 2 {
+			return fmt.Errorf("outbox: handle: begin: %w: connection refused", broker.ErrUnavailable)
+		}
+		return nil
+	}, broker.ConsumerConfig{MaxAttempts: 1, DeadLetter: bd.dead,
+		Hooks: broker.Hooks{Retried: func(string, int) { retries.Add(1) }}})
+	bd.publish(t, "k", time.Now())
+	eventually(t, "the message handled", func() bool { return bd.b.Stats().Acked == 1 })
+	if err := bd.dead.get("k"); err != nil {
+		t.Fatalf("sent to dead (%v): an unavailable database is no failed attempt", err)
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("%d runs, want 3 (two while the database was out)", n)
+	}
+	if n := retries.Load(); n != 0 {
+		t.Fatalf("%d retries published: want the message given back, no attempt spent", n)
+	}
+}
+
+// A group whose transaction could not begin for an unavailable database is
+// given back whole after one pause, not run one message at a time (each
+// would wait for the database in turn) nor counted an attempt.
+func TestConsumer_AGroupWhoseDatabaseIsOutIsGivenBackWhole(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var groups atomic.Int32
+	bd.start(t, func(ctx context.Context, m *broker.Message) error {
+		once.Do(func() { close(started); <-release })
+		return nil
+	}, broker.ConsumerConfig{Concurrency: 1, MaxAttempts: 1, DeadLetter: bd.dead,
+		Group: func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+			if groups.Add(1) == 1 {
+				return nil, fmt.Errorf("outbox: handle group: begin: %w: connection refused", broker.ErrUnavailable)
+			}
+			return make([]error, len(msgs)), nil
+		}})
+	bd.publish(t, "first", time.Now())
+	<-started
+	for _, k := range []string{"a", "b", "c"} {
+		bd.publish(t, k, time.Now())
+	}
+	eventually(t, "all 4 delivered", func() bool { return bd.b.Stats().Delivered >= 4 })
+	time.Sleep(200 * time.Millisecond) // the subscription's hand-over to the worker's queue
+	close(release)
+	eventually(t, "all 4 acked", func() bool { return bd.b.Stats().Acked == 4 })
+	for _, k := range []string{"a", "b", "c"} {
+		if err := bd.dead.get(k); err != nil {
+			t.Errorf("%s sent to dead: %v", k, err)
+		}
+	}
+	if n := bd.b.Stats().Nacked; n != 3 {
+		t.Fatalf("%d nacks, want the group's 3 given back (run one at a time instead, they give none)", n)
+	}
+}

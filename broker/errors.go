@@ -37,6 +37,20 @@ var (
 	// mistake or by someone who may write to the broker but does not own
 	// the topic. The runtime refuses it and never runs a handler for it.
 	ErrWrongTopic = errors.New("message is for another topic than its subscription")
+	// ErrHandleAlone is a GroupHandler's result for a message it left out
+	// of its group without running it: its task row was held by another
+	// transaction, and waiting for that inside the group would hold up
+	// every other message of it. The runtime runs such a message through
+	// the Handler on its own once the group has committed; no attempt is
+	// counted.
+	ErrHandleAlone = errors.New("left out of its group: handle it on its own")
+	// ErrUnavailable marks a handler's error that says nothing about the
+	// message: what the handler runs against (its database) could not be
+	// reached or could not take the work right now (outbox.Handle wraps
+	// the errors of its own statements with it). The runtime gives such a
+	// message back to the broker after a pause and counts no attempt, so
+	// a database outage, however long, sends no task to dead.
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // EarlyError is returned by a handler that found its task not yet due by

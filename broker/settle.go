@@ -30,6 +30,13 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 	case c.hardCtx.Err() != nil:
 		// Forced shutdown interrupted the handler: give the message back.
 		c.nack(j)
+	case errors.Is(err, ErrUnavailable) && !IsPermanent(err):
+		// The handler's database, not the message, failed: give it back
+		// after a pause, counting no attempt. A retry would spend one of
+		// its attempts on every pass, and an outage longer than the
+		// backoff would send every task due in it to dead.
+		c.log.Warn("delaybridge: the handler's database is unavailable; giving the message back", "topic", j.topic, "key", m.Key, "err", err)
+		c.pauseThenNack(j)
 	case errors.As(err, &early):
 		// Due by this host's clock, not by the handler's reference clock:
 		// wait out the difference, counting no attempt.

@@ -106,6 +106,13 @@ func (f *flow) consume(t testing.TB, pub broker.Publisher, sub broker.Subscriber
 	t.Helper()
 	c, err := broker.NewConsumer(sub, pub, f.handler(t), broker.ConsumerConfig{Logger: quiet(), Concurrency: 16,
 		DeadLetter: outbox.DeadLetter(f.db, nil)})
+	f.start(t, c, err)
+}
+
+// start starts c, made with err, on the flow's topic, and closes it when
+// the test ends.
+func (f *flow) start(t testing.TB, c *broker.Consumer, err error) {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
@@ -257,4 +260,70 @@ func (w *orderTraffic) phase(name string) payPhase {
 		p.p50, p.p99, p.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 	}
 	return p
+}
+
+// TestOutage_ADatabaseOutageSendsNoTaskToDead cuts the consumer's handler
+// off from its database (behind the tests' TCP proxy) for longer than all
+// its attempts' backoffs take, while tasks come due. Every failure was the
+// database's, not a task's: none may go to dead, and once the database is
+// back every task is handled once. Spending an attempt on each failure
+// would send them all to dead within a second here (the whole backoff
+// ladder of MaxAttempts 3 at 50 ms is under a second). The dead letter
+// and the retry record write over a connection the cut does not touch: a
+// database that comes and goes lets such a write through between the
+// handler's failures, and a dead letter that cannot write would give the
+// message back and hide what the attempts count.
+func TestOutage_ADatabaseOutageSendsNoTaskToDead(t *testing.T) {
+	skipIfShort(t)
+	for _, a := range []adapter{rabbitAdapter(t), rocketAdapter(t)} {
+		t.Run(a.name, func(t *testing.T) {
+			if a.name == "rocket" {
+				requireRocketMQ(t)
+			}
+			f := newFlow(t)
+			pub, sub := a.open(t, f.topic)
+			cfg, err := mysql.ParseDSN(f.dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := testenv.NewProxy(t, cfg.Addr)
+			cfg.Addr = proxy.Addr()
+			cdb, err := sql.Open("mysql", cfg.FormatDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cdb.Close() })
+			c, err := outbox.NewConsumer(cdb, sub, pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+				_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
+				return err
+			}, broker.ConsumerConfig{Logger: quiet(), MaxAttempts: 3,
+				Backoff:    broker.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+				DeadLetter: outbox.DeadLetter(f.db, nil), OnRetry: outbox.RecordRetry(f.db)})
+			f.start(t, c, err)
+			f.relay(t, pub)
+
+			proxy.Cut()
+			const n = 20
+			due := time.Now().Add(2 * time.Second)
+			for i := range n {
+				f.order(t, fmt.Sprintf("o-%02d", i), due)
+			}
+			time.Sleep(time.Until(due) + 6*time.Second)
+			if done := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'done'"); done != 0 {
+				t.Fatalf("%d tasks done while the consumer's database was cut off: the test cut nothing", done)
+			}
+			proxy.Restore()
+			var open int
+			if !testutil.Eventually(time.Minute, 200*time.Millisecond, func() bool {
+				open = f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state <> 'done'")
+				return open == 0
+			}) {
+				dead := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'dead'")
+				t.Fatalf("%d of %d tasks not done a minute after the database came back, %d of them dead", open, n, dead)
+			}
+			if bad := f.count(t, "SELECT COUNT(*) FROM orders WHERE status <> 'CANCELLED' OR effects <> 1"); bad != 0 {
+				t.Fatalf("%d orders not cancelled exactly once", bad)
+			}
+		})
+	}
 }

@@ -39,6 +39,13 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // the group as a whole (begin, lock, commit, or a savepoint the server
 // lost): nothing of it is committed and the caller handles each message on
 // its own (broker.ConsumerConfig.Group does).
+//
+// A message whose task row another transaction holds right now (or that
+// names a task that is gone) is left out rather than waited for: its errs
+// entry wraps broker.ErrHandleAlone and the caller handles it on its own
+// with Handle, which waits for the row (the consumer runtime does so after
+// the group). So one long business transaction holding its task delays
+// that task alone.
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
@@ -69,6 +76,10 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	}
 }
 
+// heldElsewhere is lockGroup's row for a message whose task row the lock
+// skipped: HandleGroup leaves the message out with broker.ErrHandleAlone.
+var heldElsewhere = &taskRow{}
+
 // groupDeadlockRetries is how many times HandleGroup runs a group again
 // after the server rolled it back to break a deadlock.
 const groupDeadlockRetries = 3
@@ -92,18 +103,22 @@ func (f *firstFailure) Error() string {
 func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error) (outcomes []Outcome, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("outbox: handle group: begin: %w", err)
+		return nil, nil, beginFailed(ctx, fmt.Errorf("outbox: handle group: begin: %w", err))
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	rows, err := lockGroup(ctx, tx, msgs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, asUnavailable(ctx, err, false)
 	}
 	outcomes, errs = make([]Outcome, len(msgs)), make([]error, len(msgs))
 	var doneIDs []int64
 	seen := map[int64]bool{}
 	for i, m := range msgs {
 		r := rows[i]
+		if r == heldElsewhere {
+			errs[i] = fmt.Errorf("outbox: task %d: its row is held by another transaction: %w", m.TaskID, broker.ErrHandleAlone)
+			continue
+		}
 		if r != nil && seen[r.id] {
 			// A second message of a task this group already ran.
 			outcomes[i] = SkippedDone
@@ -118,7 +133,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		}
 		if ferr, ok := failed[i]; ok {
-			errs[i] = ferr
+			errs[i] = fnFailed(ctx, ferr)
 			continue
 		}
 		if failed == nil {
@@ -139,7 +154,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT delaybridge_task"); err != nil {
 				return nil, nil, fmt.Errorf("outbox: handle group: %s/%s failed (%v) and its savepoint is gone: %w", m.Topic, m.Key, ferr, err)
 			}
-			errs[i] = ferr
+			errs[i] = fnFailed(ctx, ferr)
 			continue
 		}
 		seen[r.id] = true
@@ -150,11 +165,11 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	for _, chunk := range chunks(doneIDs) {
 		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
 			append([]any{now, now}, chunk...)...); err != nil {
-			return nil, nil, fmt.Errorf("outbox: handle group: mark done: %w", err)
+			return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: mark done: %w", err), false)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, nil, fmt.Errorf("outbox: handle group: commit: %w", err)
+		return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: commit: %w", err), false)
 	}
 	return outcomes, errs, nil
 }
@@ -175,6 +190,11 @@ func runFn(ctx context.Context, fn HandlerFunc, tx *sql.Tx, m *broker.Message) (
 // lockGroup locks the task row of each message, by id where the message
 // carries one (in id order, one statement) and by (topic, key) otherwise,
 // and returns them by message index; nil where there is no such task.
+// The lock by id skips the rows another transaction holds (a business
+// transaction cancelling or rescheduling its task, a handler of another
+// consumer): their messages get heldElsewhere, so that one slow
+// transaction does not hold up the whole group for up to the server's
+// lock wait timeout.
 func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*taskRow, error) {
 	out := make([]*taskRow, len(msgs))
 	var ids []int64
@@ -186,7 +206,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*task
 	byID := map[int64]*taskRow{}
 	for _, chunk := range chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
-			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE", chunk...)
+			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
@@ -209,10 +229,17 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*task
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
 	}
+	held, err := skippedRows(ctx, tx, ids, byID)
+	if err != nil {
+		return nil, err
+	}
 	for i, m := range msgs {
 		if m.TaskID != 0 {
 			// The row must be the message's task, not another that took its id.
-			if r := byID[m.TaskID]; r != nil && r.topic == m.Topic && r.key == m.Key {
+			switch r := byID[m.TaskID]; {
+			case held[m.TaskID]:
+				out[i] = heldElsewhere
+			case r != nil && r.topic == m.Topic && r.key == m.Key:
 				out[i] = r
 			}
 			continue
@@ -224,6 +251,44 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*task
 		out[i] = r
 	}
 	return out, nil
+}
+
+// skippedRows returns which of ids the locking read skipped although the
+// row exists: another transaction holds it. An id that is in neither is a
+// task that is gone. It reads without locking, and only when some id is
+// missing from locked.
+func skippedRows(ctx context.Context, tx *sql.Tx, ids []int64, locked map[int64]*taskRow) (map[int64]bool, error) {
+	var missing []int64
+	for _, id := range ids {
+		if locked[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	held := map[int64]bool{}
+	for _, chunk := range chunks(missing) {
+		rows, err := tx.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk)), chunk...)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
+			}
+			held[id] = true
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
+		}
+	}
+	return held, nil
 }
 
 // Group returns the broker.GroupHandler that runs fn for a group of due

@@ -251,29 +251,24 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 }
 
 // A lock the group cannot get (here a lock wait that times out on the
-// second of its rows) fails the group as a whole: the rows read before the
-// error must not make the rest look missing, which would ack them while
-// their tasks stay open.
+// second of its rows, a message that names its task by key alone) fails
+// the group as a whole: the rows read before the error must not make the
+// rest look missing, which would ack them while their tasks stay open.
 func TestHandleGroup_ALockErrorMidwayFailsTheGroupAndSkipsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	first, second := b.order(t, "first", time.Now()), b.order(t, "second", time.Now())
-	cfg, err := mysql.ParseDSN(b.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
-	impatient, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = impatient.Close() })
+	secondID := second.TaskID
+	byKey := *second
+	byKey.TaskID = 0
+	second = &byKey
+	impatient := b.impatient(t)
 	holder, err := b.db.BeginTx(b.ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Rollback() //nolint:errcheck
-	if _, err := holder.ExecContext(b.ctx, "SELECT id FROM delay_task WHERE id = ? FOR UPDATE", second.TaskID); err != nil {
+	if _, err := holder.ExecContext(b.ctx, "SELECT id FROM delay_task WHERE id = ? FOR UPDATE", secondID); err != nil {
 		t.Fatal(err)
 	}
 	var ran []string
@@ -295,4 +290,77 @@ func TestHandleGroup_ALockErrorMidwayFailsTheGroupAndSkipsNothing(t *testing.T) 
 			t.Errorf("%s task is %s, want still pending", id, info.State)
 		}
 	}
+}
+
+// A task row another transaction holds (a business transaction cancelling
+// the order's timeout, say) is left out of the group rather than waited
+// for: the others commit at once, the held one comes back with
+// broker.ErrHandleAlone, untouched, for Handle to run once the row is free.
+// Waited for, it would hold up every message of the group for up to the
+// server's lock wait timeout (here one second, and the group would fail).
+func TestHandleGroup_ARowHeldElsewhereIsLeftOutNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, held, last := b.order(t, "first", time.Now()), b.order(t, "held", time.Now()), b.order(t, "last", time.Now())
+	impatient := b.impatient(t)
+	holder, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback() //nolint:errcheck
+	if _, err := holder.ExecContext(b.ctx, "SELECT id FROM delay_task WHERE id = ? FOR UPDATE", held.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		ran = append(ran, m.Key)
+		return cancelOne(ctx, tx, m)
+	}
+	out, errs, err := outbox.HandleGroup(b.ctx, impatient, []*broker.Message{first, held, last}, fn)
+	if err != nil {
+		t.Fatalf("HandleGroup: %v; want the held row left out, not waited for", err)
+	}
+	if out[0] != outbox.Handled || errs[0] != nil || out[2] != outbox.Handled || errs[2] != nil {
+		t.Fatalf("first %v, %v; last %v, %v: want both handled", out[0], errs[0], out[2], errs[2])
+	}
+	if !errors.Is(errs[1], broker.ErrHandleAlone) {
+		t.Fatalf("held: %v, %v; want broker.ErrHandleAlone", out[1], errs[1])
+	}
+	if strings.Join(ran, ",") != "first,last" {
+		t.Fatalf("fn ran for %v, want first and last only", ran)
+	}
+	if status, _ := b.orderRow(t, "held"); status != "UNPAID" {
+		t.Fatalf("held order %s: its handler ran", status)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "held"); info.State == outbox.StateDone {
+		t.Fatal("the held task is done without its handler")
+	}
+	if o, err := outbox.Handle(b.ctx, b.db, held, cancelOrder("held")); err != nil || o != outbox.Handled {
+		t.Fatalf("Handle(held) once free = %v, %v", o, err)
+	}
+	for _, id := range []string{"first", "held", "last"} {
+		if status, cancels := b.orderRow(t, id); status != "CANCELLED" || cancels != 1 {
+			t.Errorf("%s: %s with %d cancels", id, status, cancels)
+		}
+	}
+}
+
+// impatient opens the bundle's database on connections that give up on a
+// row lock after one second.
+func (b *bundle) impatient(t *testing.T) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(b.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }

@@ -101,26 +101,26 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: handle %s/%s: begin: %w", msg.Topic, msg.Key, err)
+		return 0, beginFailed(ctx, fmt.Errorf("outbox: handle %s/%s: begin: %w", msg.Topic, msg.Key, err))
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	r, err := lockTask(ctx, tx, msg)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: handle %s/%s: lock task: %w", msg.Topic, msg.Key, err)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: lock task: %w", msg.Topic, msg.Key, err), true)
 	}
 	if o, err := verdict(r, msg); err != nil || o != Handled {
 		return o, err
 	}
 	if err := fn(ctx, tx); err != nil {
-		return 0, err
+		return 0, fnFailed(ctx, err)
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id = ?",
 		time.Now().UnixMilli(), time.Now().UnixMilli(), r.id); err != nil {
-		return 0, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err), true)
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err), true)
 	}
 	return Handled, nil
 }

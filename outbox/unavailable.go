@@ -1,0 +1,90 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/delaybridge/delaybridge/broker"
+)
+
+// Server error numbers that say the database cannot take the work right
+// now, whatever the task: too many connections, shutting down, read-only
+// (a failover under way), the connection killed.
+var unavailableCodes = map[uint16]bool{
+	1040: true, // ER_CON_COUNT_ERROR
+	1053: true, // ER_SERVER_SHUTDOWN
+	1290: true, // ER_OPTION_PREVENTS_STATEMENT (--read-only)
+	1792: true, // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+	1927: true, // ER_CONNECTION_KILLED (MariaDB)
+}
+
+// Lock errors: another transaction held the task row past the lock wait
+// timeout, or the server broke a deadlock. Neither is the task's fault.
+const (
+	lockWaitTimeout = 1205
+	deadlock        = 1213
+)
+
+// connectionLost reports whether err says the database could not be
+// reached or dropped the connection, or refused the work for a reason of
+// its own (unavailableCodes).
+func connectionLost(err error) bool {
+	var me *mysql.MySQLError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &me):
+		return unavailableCodes[me.Number]
+	case errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn),
+		errors.Is(err, sql.ErrConnDone):
+		return true
+	case errors.As(err, &ne):
+		return true
+	}
+	return false
+}
+
+// asUnavailable wraps err with broker.ErrUnavailable when it comes from
+// the database rather than from the task: the consumer runtime then gives
+// the message back without counting an attempt. With locks, a lock wait
+// timeout and a deadlock count as unavailable too (for Handle, whose one
+// row another transaction held). An ended ctx is left as it is: the
+// handler's timeout or a shutdown, which the runtime tells apart itself.
+func asUnavailable(ctx context.Context, err error, locks bool) error {
+	if err == nil || ctx.Err() != nil || errors.Is(err, broker.ErrUnavailable) {
+		return err
+	}
+	var me *mysql.MySQLError
+	if connectionLost(err) || locks && errors.As(err, &me) && (me.Number == lockWaitTimeout || me.Number == deadlock) {
+		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
+	}
+	return err
+}
+
+// beginFailed is asUnavailable for an error of BeginTx: whatever it is, it
+// says nothing about the task.
+func beginFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
+}
+
+// fnFailed is asUnavailable for the handler function's own error: only a
+// connection the database dropped under it counts (the transaction is gone
+// with it), not an error of the function's own making, nor one from a
+// service of its own (an HTTP call refused), which are the task's attempts.
+func fnFailed(ctx context.Context, err error) error {
+	var ne net.Error
+	if ctx.Err() != nil || errors.As(err, &ne) {
+		return err
+	}
+	return asUnavailable(ctx, err, false)
+}
