@@ -72,6 +72,43 @@ type benchResult struct {
 	// Floor is the same workload run first through the in-process broker
 	// (--floor): what the database and this process alone allowed.
 	Floor *benchResult `json:"floor,omitempty"`
+	// CommitLatency, with --rate, is how long a one-row autocommit UPDATE
+	// took, sampled every commitSample through the run: the database's
+	// commit (its log flush) that every claim waits for, so a task's
+	// lateness can be no better than its tail.
+	CommitLatency map[string]int64 `json:"db_commit_ms,omitempty"`
+}
+
+// commitSample is how often a paced run (--rate) times a commit.
+const commitSample = 50 * time.Millisecond
+
+// sampleCommits times a one-row autocommit UPDATE of bench_commits every
+// commitSample until ctx ends, and returns the durations in ms.
+func sampleCommits(ctx context.Context, db *sql.DB) ([]int64, error) {
+	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS bench_commits (id TINYINT NOT NULL PRIMARY KEY, n BIGINT NOT NULL) ENGINE = InnoDB"); err != nil {
+		return nil, fmt.Errorf("bench: commit sampler: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO bench_commits VALUES (1, 0)"); err != nil {
+		return nil, fmt.Errorf("bench: commit sampler: %w", err)
+	}
+	var took []int64
+	t := time.NewTicker(commitSample)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return took, nil
+		case <-t.C:
+		}
+		start := time.Now()
+		if _, err := db.ExecContext(ctx, "UPDATE bench_commits SET n = n + 1 WHERE id = 1"); err != nil {
+			if ctx.Err() != nil {
+				return took, nil
+			}
+			return took, fmt.Errorf("bench: commit sampler: %w", err)
+		}
+		took = append(took, time.Since(start).Microseconds()/1000)
+	}
 }
 
 // benchRun tracks one run's tasks by index.
@@ -245,6 +282,10 @@ level), which loads the broker for later runs: give such runs a
 --database-only, then through --broker, and reports both: when a target is
 out of reach, the floor shows whether the database and this process alone
 could reach it on this box at that moment.
+With --rate (a paced run, not --relay-only) it also times a one-row
+autocommit UPDATE of a bench_commits row every 50 ms through the run and
+prints that commit's percentiles (db_commit_ms in the JSON): every claim the
+relay makes waits for such a commit, so a task's lateness has its tail.
 
 It prints progress to stderr and a summary; with --json the last line of
 stdout is one JSON object. lost = tasks never handled, dup_effects = effects
@@ -395,6 +436,14 @@ func (b *benchSession) run(ctx context.Context) error {
 	prog := newProgress(b.a.stderr, o.tasks)
 	bg.Add(1)
 	go func() { defer bg.Done(); prog.loop(work, b.tasks) }()
+	var commits []int64
+	var commitErr error
+	commitsDone := make(chan struct{})
+	if o.rate > 0 && !o.relayOnly {
+		go func() { defer close(commitsDone); commits, commitErr = sampleCommits(work, b.db) }()
+	} else {
+		close(commitsDone)
+	}
 
 	if err := b.schedule(ctx); err != nil {
 		return err
@@ -414,6 +463,14 @@ func (b *benchSession) run(ctx context.Context) error {
 	}
 	b.waitForHandlers(ctx)
 	stopWork()
+	<-commitsDone
+	if commitErr != nil {
+		return commitErr
+	}
+	if len(commits) > 0 {
+		c := percentile.Summarize(commits)
+		b.res.CommitLatency = map[string]int64{"p50": c.P50, "p90": c.P90, "p99": c.P99, "max": c.Max, "samples": int64(len(commits))}
+	}
 	prog.done(b.tasks)
 	return b.report()
 }
@@ -716,6 +773,10 @@ func (b *benchSession) report() error {
 	}
 	if res.Groups > 0 {
 		fmt.Fprintf(out, "group commit: %d transactions of %.1f messages on average, %.1f ms each\n", res.Groups, res.MeanGroup, res.MeanGroupMS)
+	}
+	if c := res.CommitLatency; c != nil {
+		fmt.Fprintf(out, "database commit (one-row UPDATE every %v through the run, %d samples), ms: p50 %d p90 %d p99 %d max %d\n",
+			commitSample, c["samples"], c["p50"], c["p90"], c["p99"], c["max"])
 	}
 	if f := res.Floor; f != nil {
 		fmt.Fprintf(out, "floor, the same workload through the database alone just before: lateness ms p50 %d p90 %d p99 %d max %d\n",

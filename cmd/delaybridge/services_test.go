@@ -207,6 +207,11 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 		if p == nil || !(p["p50"].(float64) <= p["p99"].(float64) && p["p99"].(float64) <= p["max"].(float64) && p["max"].(float64) > 0) {
 			t.Errorf("published_late_ms %v, want ordered percentiles with a max above 0", m["published_late_ms"])
 		}
+		// A paced run times the database's commit through the run.
+		c, _ := m["db_commit_ms"].(map[string]any)
+		if c == nil || !(c["samples"].(float64) >= 5 && c["p50"].(float64) <= c["p99"].(float64) && c["p99"].(float64) <= c["max"].(float64)) {
+			t.Errorf("db_commit_ms %v, want ordered percentiles of at least 5 samples (a run of about a second, one every 50 ms)", m["db_commit_ms"])
+		}
 	})
 	t.Run("relay only", func(t *testing.T) {
 		_, dsn := testenv.ScratchDB(t)
