@@ -40,12 +40,16 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // lost): nothing of it is committed and the caller handles each message on
 // its own (broker.ConsumerConfig.Group does).
 //
-// A message whose task row another transaction holds right now (or that
-// names a task that is gone) is left out rather than waited for: its errs
-// entry wraps broker.ErrHandleAlone and the caller handles it on its own
-// with Handle, which waits for the row (the consumer runtime does so after
-// the group). So one long business transaction holding its task delays
-// that task alone.
+// A message (with a TaskID) whose task row another transaction holds
+// right now is left out rather than waited for: its errs entry wraps
+// broker.ErrHandleAlone and the caller handles it on its own with Handle,
+// which waits for the row (the consumer runtime does so after the group).
+// So one long business transaction holding its task delays that task
+// alone. A message without a TaskID is locked by (topic, key) and waited
+// for.
+//
+// Errors of the database itself (begin failing, a connection lost) wrap
+// broker.ErrUnavailable, as Handle's do.
 func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
@@ -106,9 +110,9 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		return nil, nil, beginFailed(ctx, fmt.Errorf("outbox: handle group: begin: %w", err))
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	rows, err := lockGroup(ctx, tx, msgs)
+	rows, err := lockGroup(ctx, db, tx, msgs)
 	if err != nil {
-		return nil, nil, asUnavailable(ctx, err, false)
+		return nil, nil, asUnavailable(ctx, err)
 	}
 	outcomes, errs = make([]Outcome, len(msgs)), make([]error, len(msgs))
 	var doneIDs []int64
@@ -133,7 +137,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		}
 		if ferr, ok := failed[i]; ok {
-			errs[i] = fnFailed(ctx, ferr)
+			errs[i] = ferr
 			continue
 		}
 		if failed == nil {
@@ -154,7 +158,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT delaybridge_task"); err != nil {
 				return nil, nil, fmt.Errorf("outbox: handle group: %s/%s failed (%v) and its savepoint is gone: %w", m.Topic, m.Key, ferr, err)
 			}
-			errs[i] = fnFailed(ctx, ferr)
+			errs[i] = ferr
 			continue
 		}
 		seen[r.id] = true
@@ -165,11 +169,11 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	for _, chunk := range chunks(doneIDs) {
 		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
 			append([]any{now, now}, chunk...)...); err != nil {
-			return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: mark done: %w", err), false)
+			return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: mark done: %w", err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: commit: %w", err), false)
+		return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: commit: %w", err))
 	}
 	return outcomes, errs, nil
 }
@@ -195,7 +199,7 @@ func runFn(ctx context.Context, fn HandlerFunc, tx *sql.Tx, m *broker.Message) (
 // consumer): their messages get heldElsewhere, so that one slow
 // transaction does not hold up the whole group for up to the server's
 // lock wait timeout.
-func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*taskRow, error) {
+func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Message) ([]*taskRow, error) {
 	out := make([]*taskRow, len(msgs))
 	var ids []int64
 	for _, m := range msgs {
@@ -229,7 +233,7 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*task
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
 	}
-	held, err := skippedRows(ctx, tx, ids, byID)
+	held, err := skippedRows(ctx, db, ids, byID)
 	if err != nil {
 		return nil, err
 	}
@@ -255,9 +259,10 @@ func lockGroup(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([]*task
 
 // skippedRows returns which of ids the locking read skipped although the
 // row exists: another transaction holds it. An id that is in neither is a
-// task that is gone. It reads without locking, and only when some id is
-// missing from locked.
-func skippedRows(ctx context.Context, tx *sql.Tx, ids []int64, locked map[int64]*taskRow) (map[int64]bool, error) {
+// task that is gone. It reads without locking, outside the group's
+// transaction (a read in it would fix the snapshot the handlers' own reads
+// see), and only when some id is missing from locked.
+func skippedRows(ctx context.Context, db *sql.DB, ids []int64, locked map[int64]*taskRow) (map[int64]bool, error) {
 	var missing []int64
 	for _, id := range ids {
 		if locked[id] == nil {
@@ -269,7 +274,7 @@ func skippedRows(ctx context.Context, tx *sql.Tx, ids []int64, locked map[int64]
 	}
 	held := map[int64]bool{}
 	for _, chunk := range chunks(missing) {
-		rows, err := tx.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk)), chunk...)
+		rows, err := db.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk)), chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
 		}

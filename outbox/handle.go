@@ -89,7 +89,11 @@ func (o Outcome) asError() error {
 //
 // The task is found by msg.TaskID when set, else by (msg.Topic, msg.Key).
 // When the error is not nil the Outcome means nothing: it is the zero
-// value, which is Handled's.
+// value, which is Handled's. An error of the database itself rather than
+// of the task (begin failing, the connection lost or refused, read-only,
+// too many connections) wraps broker.ErrUnavailable, which the consumer
+// runtime gives back without counting an attempt; fn's own errors are
+// returned as they are.
 func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
 	switch {
 	case db == nil:
@@ -107,20 +111,20 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 
 	r, err := lockTask(ctx, tx, msg)
 	if err != nil {
-		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: lock task: %w", msg.Topic, msg.Key, err), true)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: lock task: %w", msg.Topic, msg.Key, err))
 	}
 	if o, err := verdict(r, msg); err != nil || o != Handled {
 		return o, err
 	}
 	if err := fn(ctx, tx); err != nil {
-		return 0, fnFailed(ctx, err)
+		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id = ?",
 		time.Now().UnixMilli(), time.Now().UnixMilli(), r.id); err != nil {
-		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err), true)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err))
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err), true)
+		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err))
 	}
 	return Handled, nil
 }

@@ -24,13 +24,6 @@ var unavailableCodes = map[uint16]bool{
 	1927: true, // ER_CONNECTION_KILLED (MariaDB)
 }
 
-// Lock errors: another transaction held the task row past the lock wait
-// timeout, or the server broke a deadlock. Neither is the task's fault.
-const (
-	lockWaitTimeout = 1205
-	deadlock        = 1213
-)
-
 // connectionLost reports whether err says the database could not be
 // reached or dropped the connection, or refused the work for a reason of
 // its own (unavailableCodes).
@@ -51,21 +44,19 @@ func connectionLost(err error) bool {
 	return false
 }
 
-// asUnavailable wraps err with broker.ErrUnavailable when it comes from
-// the database rather than from the task: the consumer runtime then gives
-// the message back without counting an attempt. With locks, a lock wait
-// timeout and a deadlock count as unavailable too (for Handle, whose one
-// row another transaction held). An ended ctx is left as it is: the
-// handler's timeout or a shutdown, which the runtime tells apart itself.
-func asUnavailable(ctx context.Context, err error, locks bool) error {
-	if err == nil || ctx.Err() != nil || errors.Is(err, broker.ErrUnavailable) {
+// asUnavailable wraps err, an error of one of Handle's or HandleGroup's
+// own statements, with broker.ErrUnavailable when it says the database
+// was lost (connectionLost) rather than anything about the task: the
+// consumer runtime then gives the message back without counting an
+// attempt. A lock wait timeout or a deadlock stays an attempt: it is one
+// task's row, and a holder that never lets go must not keep its task
+// going round for ever. An ended ctx is left as it is: the handler's
+// timeout or a shutdown, which the runtime tells apart itself.
+func asUnavailable(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil || errors.Is(err, broker.ErrUnavailable) || !connectionLost(err) {
 		return err
 	}
-	var me *mysql.MySQLError
-	if connectionLost(err) || locks && errors.As(err, &me) && (me.Number == lockWaitTimeout || me.Number == deadlock) {
-		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
-	}
-	return err
+	return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
 }
 
 // beginFailed is asUnavailable for an error of BeginTx: whatever it is, it
@@ -75,16 +66,4 @@ func beginFailed(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
-}
-
-// fnFailed is asUnavailable for the handler function's own error: only a
-// connection the database dropped under it counts (the transaction is gone
-// with it), not an error of the function's own making, nor one from a
-// service of its own (an HTTP call refused), which are the task's attempts.
-func fnFailed(ctx context.Context, err error) error {
-	var ne net.Error
-	if ctx.Err() != nil || errors.As(err, &ne) {
-		return err
-	}
-	return asUnavailable(ctx, err, false)
 }

@@ -120,9 +120,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *broke
 		consumer.WithConsumeMessageBatchMaxSize(1),
 		consumer.WithConsumeGoroutineNums(s.cfg.ConsumeGoroutines),
 		consumer.WithConsumeTimeout(s.cfg.ConsumeTimeout),
-		// Nacks only happen on shutdown or while the broker refuses
-		// re-publishes; never let the broker's own dead-letter queue take a
-		// message the runtime still owns.
+		// Nacks happen on shutdown, while the broker refuses re-publishes
+		// and while the handler's database is unavailable, a second apart:
+		// never let the broker's own dead-letter queue take a message the
+		// runtime still owns (10,000 give-backs are hours of outage).
 		consumer.WithMaxReconsumeTimes(maxReconsumeTimes),
 		consumer.WithStrategy(allocate),
 	)...)
