@@ -488,10 +488,18 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	}
 	var batch []store.Claimed
 	var err error
+	// committed waits for the claim's commit, which a claim loop's claim
+	// leaves running while the batch is published: the lease's log flush
+	// and the broker's confirm overlap instead of adding up. Every outcome
+	// is recorded after it, and nothing when the lease never committed.
+	committed := func() error { return nil }
 	if loop {
-		batch, err = r.claimNext(ctx, spec)
+		batch, committed, err = r.claimNext(ctx, spec)
 	} else {
 		batch, err = store.ClaimLeased(ctx, r.db, spec)
+	}
+	if err == nil && len(batch) == 0 {
+		err = committed()
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: %w", err)
@@ -511,6 +519,13 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	// it must not be retried forever nor hold up the rows beside it.
 	claimed := len(batch)
 	batch, invalid := splitInvalid(batch)
+	if len(invalid) > 0 || len(batch) == 0 {
+		// Marked dead under the lease, which must be in first.
+		if err := committed(); err != nil {
+			return 0, fmt.Errorf("outbox relay: %w", err)
+		}
+		committed = func() error { return nil }
+	}
 	var deadErr error
 	for reason, rows := range invalid {
 		if _, err := store.MarkDead(ctx, r.db, owner, store.Pending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
@@ -539,6 +554,12 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	perr := r.pub.Publish(pctx, msgs...)
 	cancel()
 	took := time.Since(start)
+	if err := committed(); err != nil {
+		// The rows were never leased: nothing of this claim is recorded.
+		// They are still pending and go out again with a later claim; a
+		// copy the broker already has is a duplicate Handle skips.
+		return claimed, fmt.Errorf("outbox relay: %w", err)
+	}
 	stopping := ctx.Err() != nil
 
 	results := broker.PublishResults(perr, len(batch))
@@ -587,7 +608,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 // claimNext runs a claim loop's claim, one loop at a time: from the
 // resume point while the loops drain a backlog, from the head of the index
 // when a row may have become claimable before it, or a rescan is due.
-func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Claimed, error) {
+func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Claimed, func() error, error) {
 	p := &r.resume
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -600,15 +621,17 @@ func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Cl
 		p.stale.Store(false)
 		p.scanned = began
 	}
-	batch, err := store.ClaimLeased(ctx, r.db, spec)
+	// The next loop may claim while this claim's commit is still under
+	// way: the rows stay locked until it ends, so its claim skips them.
+	batch, commit, err := store.ClaimLeasedEarly(ctx, r.db, spec)
 	if err != nil || len(batch) < spec.Limit {
 		// Caught up (or failed): the next claim starts at the head.
 		p.at.Store(nil)
-		return batch, err
+		return batch, commit, err
 	}
 	last := store.PositionOf(batch[len(batch)-1])
 	p.at.Store(&last)
-	return batch, nil
+	return batch, commit, nil
 }
 
 // rescan is how long claims may resume past the head of the index before

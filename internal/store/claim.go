@@ -92,7 +92,8 @@ func NewLeaseOwner() int64 {
 }
 
 // ClaimLeased takes up to spec.Limit rows and leases them to spec.Owner, in
-// one short transaction that commits before it returns: it locks the rows
+// one short transaction that commits before it returns (ClaimLeasedEarly
+// returns while the commit is still under way): it locks the rows
 // with FOR UPDATE SKIP LOCKED (READ COMMITTED, so only those rows and no
 // index gaps), stamps each with the owner and the lease's expiry, and
 // commits. No lock outlives the claim, so a business transaction touching a
@@ -103,21 +104,45 @@ func NewLeaseOwner() int64 {
 // It is the one query the relay (pending rows) and the scanner (published
 // rows overdue) share: a range of the (state, due_ms, id) index.
 func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, error) {
+	out, commit, err := ClaimLeasedEarly(ctx, db, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := commit(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ClaimLeasedEarly is ClaimLeased that hands back the rows while the
+// claim's commit (a log flush, the slowest step of a claim on a busy
+// disk) is still under way: the caller publishes them meanwhile and calls
+// commit, which waits for the commit's answer, before it records any
+// outcome on them. The rows stay locked until the commit ends, whatever
+// the broker does, so no business transaction waits on a broker. If the
+// commit fails, the rows were never leased: the caller records nothing,
+// and a later claim publishes them again (Handle makes the second copy
+// harmless). commit must be called once when err is nil.
+func ClaimLeasedEarly(ctx context.Context, db *sql.DB, spec ClaimSpec) (out []Claimed, commit func() error, err error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: begin: %w", spec.State, err)
+		return nil, nil, fmt.Errorf("outbox: claim %s: begin: %w", spec.State, err)
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	committing := false
+	defer func() {
+		if !committing {
+			_ = tx.Rollback()
+		}
+	}()
 	// Rows past MaxBytes are read and dropped, never kept: a batch of large
 	// payloads never sits in memory whole, and they stay for the next claim
 	// (their locks go with the commit; only kept rows are leased).
 	query, args := ClaimQuery(spec)
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
+		return nil, nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
 	defer rows.Close()
-	var out []Claimed
 	var bytes int64
 	full := false
 	for rows.Next() {
@@ -130,7 +155,7 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 			headers, trace sql.NullString
 		)
 		if err := rows.Scan(&m.TaskID, &m.Topic, &key, &dueMS, &payload, &headers, &trace, &m.Generation, &m.Attempt); err != nil {
-			return nil, fmt.Errorf("outbox: read claim: %w", err)
+			return nil, nil, fmt.Errorf("outbox: read claim: %w", err)
 		}
 		size := int64(len(payload))
 		if full || spec.MaxBytes > 0 && len(out) > 0 && bytes+size > spec.MaxBytes {
@@ -147,13 +172,15 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
+		return nil, nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
 	if err := rows.Close(); err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
+		return nil, nil, fmt.Errorf("outbox: claim %s: %w", spec.State, err)
 	}
 	if len(out) == 0 {
-		return nil, tx.Commit()
+		committing = true
+		err := tx.Commit()
+		return nil, func() error { return err }, nil
 	}
 	ids := make([]int64, len(out))
 	for i, c := range out {
@@ -162,13 +189,20 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 	for _, chunk := range Chunks(ids) {
 		args := append([]any{spec.Owner, spec.LeaseUntil}, chunk...)
 		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+InList(len(chunk)), args...); err != nil {
-			return nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
+			return nil, nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outbox: claim %s: commit: %w", spec.State, err)
-	}
-	return out, nil
+	// The commit runs on while the caller publishes; from here on only it
+	// ends the transaction (a Rollback racing it could undo the lease).
+	committing = true
+	done := make(chan error, 1)
+	go func() { done <- tx.Commit() }()
+	return out, func() error {
+		if err := <-done; err != nil {
+			return fmt.Errorf("outbox: claim %s: commit: %w", spec.State, err)
+		}
+		return nil
+	}, nil
 }
 
 // ClaimQuery returns the statement ClaimLeased runs to read and lock the
