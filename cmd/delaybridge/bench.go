@@ -300,7 +300,9 @@ stdout is one JSON object. lost = tasks never handled, dup_effects = effects
 applied more than once (noop: handler runs beyond the first), early = handled
 before due; lateness_ms runs from due to handled, published_late_ms from due
 to the broker's confirm (0 for a task published ahead: the relay's share of
-the lateness). It exits non-zero when anything was lost, early, or (db handler)
+the lateness), published_after_commit_ms from the later of due and the
+commit of the transaction that scheduled the task (the relay's reaction,
+without the producer's own commit). It exits non-zero when anything was lost, early, or (db handler)
 applied twice.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
