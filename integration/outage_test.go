@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
@@ -282,17 +280,7 @@ func TestOutage_ADatabaseOutageSendsNoTaskToDead(t *testing.T) {
 			}
 			f := newFlow(t)
 			pub, sub := a.open(t, f.topic)
-			cfg, err := mysql.ParseDSN(f.dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy := testenv.NewProxy(t, cfg.Addr)
-			cfg.Addr = proxy.Addr()
-			cdb, err := sql.Open("mysql", cfg.FormatDSN())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cdb.Close() })
+			cdb, proxy := testenv.ProxiedDB(t, f.dsn)
 			c, err := outbox.NewConsumer(cdb, sub, pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 				_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key)
 				return err

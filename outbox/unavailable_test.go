@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -23,17 +21,7 @@ func TestHandle_TellsAnUnavailableDatabaseFromTheTasksOwnFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	m := b.order(t, "o-1", time.Now())
-	cfg, err := mysql.ParseDSN(b.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, cfg.Addr)
-	cfg.Addr = proxy.Addr()
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db, proxy := testenv.ProxiedDB(t, b.dsn)
 
 	own := errors.New("the payment service said no")
 	if _, err := outbox.Handle(b.ctx, db, m, func(context.Context, *sql.Tx) error { return own }); !errors.Is(err, own) || errors.Is(err, broker.ErrUnavailable) {

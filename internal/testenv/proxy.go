@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"database/sql"
 	"io"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Proxy is a TCP proxy on loopback between the code under test and one
@@ -133,4 +136,23 @@ func reset(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
+}
+
+// ProxiedDB opens the database of dsn through a Proxy of its own, so a
+// test can cut one client off from MariaDB while the others go on. Both
+// are closed at cleanup.
+func ProxiedDB(t testing.TB, dsn string) (*sql.DB, *Proxy) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := NewProxy(t, cfg.Addr)
+	cfg.Addr = proxy.Addr()
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db, proxy
 }
