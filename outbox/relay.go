@@ -189,10 +189,11 @@ const (
 )
 
 // Relay moves pending tasks into a broker. It leases a batch of rows in a
-// short transaction (ClaimLeased), publishes them outside any transaction
-// with a deadline, and marks each published only after the broker
-// confirmed it and only while the row is still its own. No lock is held
-// while a broker is slow or down, so the business transactions that cancel
+// short transaction (ClaimLeased; its claim loops start publishing while
+// that transaction's commit is still being flushed), publishes them with a
+// deadline, and marks each published only after the broker confirmed it,
+// the lease committed, and only while the row is still its own. No lock
+// waits on a broker that is slow or down, so the business transactions that cancel
 // or reschedule tasks never wait on one. A relay that dies at any point
 // leaves its rows pending; they are claimed again when the lease expires,
 // and a row may then be published twice, which Handle makes harmless.
@@ -555,9 +556,13 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	cancel()
 	took := time.Since(start)
 	if err := committed(); err != nil {
-		// The rows were never leased: nothing of this claim is recorded.
-		// They are still pending and go out again with a later claim; a
-		// copy the broker already has is a duplicate Handle skips.
+		// The lease may not have committed (or did, and the answer was
+		// lost): nothing of this claim is recorded. The rows are pending,
+		// free or leased to this claim until the lease expires, and go out
+		// again with a later claim; a copy the broker already has is a
+		// duplicate Handle skips. The next claim starts at the head, not
+		// past rows this one may never have leased.
+		r.resume.at.Store(nil)
 		return claimed, fmt.Errorf("outbox relay: %w", err)
 	}
 	stopping := ctx.Err() != nil

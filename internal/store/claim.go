@@ -120,9 +120,11 @@ func ClaimLeased(ctx context.Context, db *sql.DB, spec ClaimSpec) ([]Claimed, er
 // commit, which waits for the commit's answer, before it records any
 // outcome on them. The rows stay locked until the commit ends, whatever
 // the broker does, so no business transaction waits on a broker. If the
-// commit fails, the rows were never leased: the caller records nothing,
-// and a later claim publishes them again (Handle makes the second copy
-// harmless). commit must be called once when err is nil.
+// commit fails, the lease may or may not be in (the answer can be lost
+// after the server committed): the caller records nothing, and a later
+// claim publishes the rows again once they are free or their lease
+// expired (Handle makes the second copy harmless). commit must be called
+// once when err is nil.
 func ClaimLeasedEarly(ctx context.Context, db *sql.DB, spec ClaimSpec) (out []Claimed, commit func() error, err error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
