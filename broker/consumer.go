@@ -438,12 +438,7 @@ func (c *Consumer) processGroup(batch []job) {
 			// One at a time they would each wait for the database and
 			// pause in turn: give the group back after one pause.
 			c.log.Warn("delaybridge: the handler's database is unavailable; giving the group back", "messages", len(batch), "err", err)
-			t := time.NewTimer(pauseBeforeNack)
-			select {
-			case <-t.C:
-			case <-c.stopping:
-				t.Stop()
-			}
+			c.pause()
 			for _, j := range batch {
 				c.nack(j)
 			}

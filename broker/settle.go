@@ -194,11 +194,16 @@ func (c *Consumer) nack(j job) {
 }
 
 func (c *Consumer) pauseThenNack(j job) {
+	c.pause()
+	c.nack(j)
+}
+
+// pause waits pauseBeforeNack, or less if the consumer is stopping.
+func (c *Consumer) pause() {
 	t := time.NewTimer(pauseBeforeNack)
 	select {
 	case <-t.C:
 	case <-c.stopping:
 		t.Stop()
 	}
-	c.nack(j)
 }
