@@ -48,8 +48,8 @@ type benchResult struct {
 	BaselineTPS float64          `json:"baseline_publish_tps"`
 	Lateness    map[string]int64 `json:"lateness_ms"`
 	// PublishLateness is how long after its due time each task reached
-	// the broker (its row's published_ms, set once the broker confirmed
-	// it), 0 for a task published ahead; the relay's share of Lateness.
+	// the broker (the broker's confirm of the relay's publish), 0 for a
+	// task published ahead; the relay's share of Lateness.
 	PublishLateness map[string]int64 `json:"published_late_ms,omitempty"`
 	// PublishAfterCommit is how long after its scheduling transaction
 	// committed (or after due, if later) each task reached the broker, 0
@@ -124,6 +124,11 @@ type benchRun struct {
 	// committed is when the transaction that scheduled each task had
 	// committed (unix ms): from then on another process can see it.
 	committed []atomic.Int64
+	// published is when the broker first confirmed the relay's publish
+	// of each task (unix ms). It is kept here, not read back from the
+	// row's published_ms: a consumer that finished the task before the
+	// relay marked it leaves the row no publish time.
+	published []atomic.Int64
 	handled   []atomic.Int64 // first handled time, unix µs; 0 = not yet
 	runs      []atomic.Int32 // handler runs
 	count     atomic.Int64
@@ -411,7 +416,8 @@ func (b *benchSession) run(ctx context.Context) error {
 	o := b.o
 	floor := b.res.Floor
 	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), topic: o.topic, due: make([]int64, o.tasks),
-		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks), committed: make([]atomic.Int64, o.tasks)}
+		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks), committed: make([]atomic.Int64, o.tasks),
+		published: make([]atomic.Int64, o.tasks)}
 	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler, Floor: floor}
 	if b.inProcess {
 		b.res.Mode = "database only, " + o.bf.Broker + "'s lookahead"
@@ -634,7 +640,7 @@ func (b *benchSession) newRelay() error {
 	hooks.Published = func(n int, took time.Duration) { b.tasks.relayed.Add(int64(n)); published(n, took) }
 	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }
 	var err error
-	b.relay, err = outbox.NewRelay(b.db, b.cl.pub, outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
+	b.relay, err = outbox.NewRelay(b.db, confirmClock{b.cl.pub, b.tasks}, outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
 		Lookahead: b.ahead, Pace: b.o.pace, Logger: b.a.log, Hooks: hooks})
 	return err
 }
@@ -759,11 +765,8 @@ func (b *benchSession) report() error {
 	}
 
 	if !b.floorRun {
-		p, c, err := publishLateness(context.Background(), b.db, run)
-		if err != nil {
-			return err
-		}
-		res.PublishLateness = map[string]int64{"p50": p.P50, "p90": p.P90, "p99": p.P99, "max": p.Max}
+		p, c := run.publishLateness()
+		res.PublishLateness = map[string]int64{"p50": p.P50, "p90": p.P90, "p99": p.P99, "max": p.Max, "tasks": int64(p.Count)}
 		if c.Count > 0 {
 			res.PublishAfterCommit = map[string]int64{"p50": c.P50, "p90": c.P90, "p99": c.P99, "max": c.Max, "tasks": int64(c.Count)}
 		}
@@ -816,40 +819,44 @@ func (res *benchResult) broken(handler string) error {
 	return nil
 }
 
+// confirmClock is the relay's publisher in a bench run: it notes when
+// the broker confirmed each task's first publish.
+type confirmClock struct {
+	broker.Publisher
+	run *benchRun
+}
+
+func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	if err := c.Publisher.Publish(ctx, msgs...); err != nil {
+		return err
+	}
+	now := time.Now().UnixMilli()
+	for _, m := range msgs {
+		if i, ok := c.run.index(m.Key); ok {
+			c.run.published[i].CompareAndSwap(0, now)
+		}
+	}
+	return nil
+}
+
 // publishLateness summarizes, over the run's tasks the relay published,
-// how long after its due time each reached the broker: the row's
-// published_ms (the relay's clock once the broker confirmed it) less its
-// due_ms, 0 when it went ahead.
-func publishLateness(ctx context.Context, db *sql.DB, run *benchRun) (fromDue, fromCommit percentile.Summary, err error) {
-	rows, err := db.QueryContext(ctx, "SELECT task_key, published_ms, due_ms FROM delay_task WHERE topic = ? AND task_key LIKE ? AND published_ms > 0",
-		run.topic, []byte(run.id+"-%"))
-	if err != nil {
-		return fromDue, fromCommit, fmt.Errorf("bench: read publish times: %w", err)
-	}
-	defer rows.Close()
+// how long after its due time each reached the broker (0 when it went
+// ahead), and how long after the later of due and its scheduling commit.
+func (r *benchRun) publishLateness() (fromDue, fromCommit percentile.Summary) {
 	var late, afterCommit []int64
-	for rows.Next() {
-		var (
-			key            []byte
-			published, due int64
-		)
-		if err := rows.Scan(&key, &published, &due); err != nil {
-			return fromDue, fromCommit, fmt.Errorf("bench: read publish times: %w", err)
+	for i := range r.published {
+		published := r.published[i].Load()
+		if published == 0 {
+			continue
 		}
-		late = append(late, max(published-due, 0))
-		// From the later of due and the commit: a task published ahead of
-		// due, or confirmed a moment before the producer heard its
-		// commit's answer, counts as 0.
-		if i, ok := run.index(string(key)); ok {
-			if c := run.committed[i].Load(); c > 0 {
-				afterCommit = append(afterCommit, max(published-max(c, due), 0))
-			}
+		late = append(late, max(published-r.due[i], 0))
+		// A task confirmed a moment before the producer heard its
+		// commit's answer counts as 0.
+		if c := r.committed[i].Load(); c > 0 {
+			afterCommit = append(afterCommit, max(published-max(c, r.due[i]), 0))
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return fromDue, fromCommit, fmt.Errorf("bench: read publish times: %w", err)
-	}
-	return percentile.Summarize(late), percentile.Summarize(afterCommit), nil
+	return percentile.Summarize(late), percentile.Summarize(afterCommit)
 }
 
 // processCPU returns the CPU seconds (user and system) this process used.
