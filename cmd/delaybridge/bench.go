@@ -56,12 +56,17 @@ type benchResult struct {
 	// for one published ahead: the relay's reaction to a task it could
 	// first see at that commit, without the producer's own commit.
 	PublishAfterCommit map[string]int64 `json:"published_after_commit_ms,omitempty"`
-	HandlerMode        string           `json:"handler"`
-	Groups             int64            `json:"groups"`
-	MeanGroup          float64          `json:"mean_group"`
-	MeanGroupMS        float64          `json:"mean_group_ms"`
-	ProcessCPU         float64          `json:"process_cpu_s"`
-	ElapsedSecond      float64          `json:"elapsed_s"`
+	// DeliveryLateness is how long after its due time each task's message
+	// was handed to the consumer runtime: the broker's share of Lateness
+	// (and the relay's, for a task that reached the broker late); the
+	// rest is the consumer's.
+	DeliveryLateness map[string]int64 `json:"delivered_late_ms,omitempty"`
+	HandlerMode      string           `json:"handler"`
+	Groups           int64            `json:"groups"`
+	MeanGroup        float64          `json:"mean_group"`
+	MeanGroupMS      float64          `json:"mean_group_ms"`
+	ProcessCPU       float64          `json:"process_cpu_s"`
+	ElapsedSecond    float64          `json:"elapsed_s"`
 	// FirstDueMS and LastHandledMS (unix ms) bound the due window: the
 	// work in it could not be done ahead (scripts/bench-cpu.sh measures
 	// how busy the box was then).
@@ -129,6 +134,10 @@ type benchRun struct {
 	// row's published_ms: a consumer that finished the task before the
 	// relay marked it leaves the row no publish time.
 	published []atomic.Int64
+	// delivered is when the consumer runtime was first handed each task's
+	// message (unix µs): from due to then is the broker's share of the
+	// lateness (the relay's too, for a task published late).
+	delivered []atomic.Int64
 	handled   []atomic.Int64 // first handled time, unix µs; 0 = not yet
 	runs      []atomic.Int32 // handler runs
 	count     atomic.Int64
@@ -305,7 +314,9 @@ stdout is one JSON object. lost = tasks never handled, dup_effects = effects
 applied more than once (noop: handler runs beyond the first), early = handled
 before due; lateness_ms runs from due to handled, published_late_ms from due
 to the broker's confirm (0 for a task published ahead: the relay's share of
-the lateness), published_after_commit_ms from the later of due and the
+the lateness), delivered_late_ms from due to the message reaching the
+consumer (the broker's share, and the relay's for a task published late; the
+rest is the consumer's), published_after_commit_ms from the later of due and the
 commit of the transaction that scheduled the task (the relay's reaction,
 without the producer's own commit). It exits non-zero when anything was lost, early, or (db handler)
 applied twice.`,
@@ -417,7 +428,7 @@ func (b *benchSession) run(ctx context.Context) error {
 	floor := b.res.Floor
 	b.tasks = &benchRun{id: strconv.FormatInt(time.Now().UnixMilli(), 36), topic: o.topic, due: make([]int64, o.tasks),
 		handled: make([]atomic.Int64, o.tasks), runs: make([]atomic.Int32, o.tasks), committed: make([]atomic.Int64, o.tasks),
-		published: make([]atomic.Int64, o.tasks)}
+		published: make([]atomic.Int64, o.tasks), delivered: make([]atomic.Int64, o.tasks)}
 	b.res = benchResult{Broker: o.bf.Broker, Mode: o.bf.mode(), Tasks: o.tasks, HandlerMode: o.handler, Floor: floor}
 	if b.inProcess {
 		b.res.Mode = "database only, " + o.bf.Broker + "'s lookahead"
@@ -558,9 +569,10 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		grouped(topic, n, took)
 	}
 	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.a.log, Hooks: hooks, GroupSize: o.group}
+	sub := deliveryClock{b.cl.sub, run}
 	var err error
 	if o.handler == "noop" {
-		b.consumer, err = broker.NewConsumer(b.cl.sub, b.cl.pub, func(ctx context.Context, m *broker.Message) error {
+		b.consumer, err = broker.NewConsumer(sub, b.cl.pub, func(ctx context.Context, m *broker.Message) error {
 			if i, ok := run.index(m.Key); ok {
 				run.seen(i, time.Now())
 			}
@@ -570,7 +582,7 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		// The order-timeout handler as users write it, one message at a
 		// time; outbox.NewConsumer runs the messages due together in
 		// shared transactions.
-		b.consumer, err = outbox.NewConsumer(b.db, b.cl.sub, b.cl.pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		b.consumer, err = outbox.NewConsumer(b.db, sub, b.cl.pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			i, ok := run.index(m.Key)
 			if !ok {
 				return nil
@@ -764,6 +776,16 @@ func (b *benchSession) report() error {
 		res.MeanGroupMS = float64(run.groupMicros.Load()) / 1000 / float64(res.Groups)
 	}
 
+	var delivered []int64
+	for i := range run.delivered {
+		if t := run.delivered[i].Load(); t != 0 {
+			delivered = append(delivered, max(t/1000-run.due[i], 0))
+		}
+	}
+	if len(delivered) > 0 {
+		d := percentile.Summarize(delivered)
+		res.DeliveryLateness = map[string]int64{"p50": d.P50, "p90": d.P90, "p99": d.P99, "max": d.Max}
+	}
 	if !b.floorRun {
 		p, c := run.publishLateness()
 		res.PublishLateness = map[string]int64{"p50": p.P50, "p90": p.P90, "p99": p.P99, "max": p.Max, "tasks": int64(p.Count)}
@@ -786,6 +808,9 @@ func (b *benchSession) report() error {
 		res.Handled, res.Lost, res.Early, res.DupEffects, l.P50, l.P90, l.P99, l.Max)
 	if p := res.PublishLateness; p != nil {
 		fmt.Fprintf(out, "reached the broker after due, ms: p50 %d p90 %d p99 %d max %d\n", p["p50"], p["p90"], p["p99"], p["max"])
+	}
+	if d := res.DeliveryLateness; d != nil {
+		fmt.Fprintf(out, "delivered to the consumer after due, ms: p50 %d p90 %d p99 %d max %d\n", d["p50"], d["p90"], d["p99"], d["max"])
 	}
 	if c := res.PublishAfterCommit; c != nil {
 		fmt.Fprintf(out, "reached the broker after its scheduling commit (or due, if later; %d tasks), ms: p50 %d p90 %d p99 %d max %d\n", c["tasks"], c["p50"], c["p90"], c["p99"], c["max"])
@@ -837,6 +862,34 @@ func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) erro
 		}
 	}
 	return nil
+}
+
+// deliveryClock is the consumer's subscriber in a bench run: it notes when
+// each task's message was first handed on to the runtime. It passes each
+// delivery on as it takes it, so it holds none back.
+type deliveryClock struct {
+	broker.Subscriber
+	run *benchRun
+}
+
+func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *broker.Delivery, error) {
+	in, err := c.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *broker.Delivery)
+	go func() {
+		defer close(out)
+		for d := range in {
+			if d.Message != nil {
+				if i, ok := c.run.index(d.Message.Key); ok {
+					c.run.delivered[i].CompareAndSwap(0, time.Now().UnixMicro())
+				}
+			}
+			out <- d
+		}
+	}()
+	return out, nil
 }
 
 // publishLateness summarizes, over the run's tasks the relay published,

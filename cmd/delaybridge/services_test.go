@@ -182,6 +182,13 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 					t.Errorf("no %s percentiles in %v", k, m)
 				}
 			}
+			// Each message reaches the consumer before its handler runs:
+			// the broker's share is no more than the whole lateness.
+			l, _ := m["lateness_ms"].(map[string]any)
+			d, _ := m["delivered_late_ms"].(map[string]any)
+			if l == nil || d == nil || !(d["p50"].(float64) <= d["p99"].(float64) && d["p99"].(float64) <= d["max"].(float64) && d["max"].(float64) <= l["max"].(float64)) {
+				t.Errorf("delivered_late_ms %v, want ordered percentiles up to lateness_ms's max (%v)", m["delivered_late_ms"], m["lateness_ms"])
+			}
 			// The due window: from the first task due (about 1 s after the
 			// start) to the last handled, which comes no sooner.
 			first, _ := m["first_due_unix_ms"].(float64)
