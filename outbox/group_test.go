@@ -196,8 +196,10 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Duplicates of a few messages, as a broker redelivering would send.
-	for _, k := range []string{"g-1", "g-2", "g-3"} {
+	// Duplicates of a few messages, as a broker redelivering would send,
+	// and a message of the cancelled task, as one published before the
+	// cancel would be.
+	for _, k := range []string{"g-1", "g-2", "g-3", "g-7"} {
 		info, err := outbox.Get(b.ctx, b.db, "order-cancel", k)
 		if err != nil {
 			t.Fatal(err)
@@ -207,10 +209,27 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 		}
 	}
 	var groups, largest atomic.Int64
-	fn := poisonAndFlaky("g-5", "g-9")
+	// The effect counts every commit (no status guard), and the poison
+	// and the flaky message write it before they fail: an effect applied
+	// twice, or a failed message's write kept, shows in cancels.
+	var flakyFailed atomic.Bool
+	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		if _, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED', cancels = cancels + 1 WHERE id = ?", m.Key); err != nil {
+			return err
+		}
+		switch {
+		case m.Key == "g-5":
+			return broker.Permanent(errors.New("poison"))
+		case m.Key == "g-9" && flakyFailed.CompareAndSwap(false, true):
+			return errors.New("flaky")
+		}
+		return nil
+	}
 	group := outbox.Group(b.db, fn)
+	var settled atomic.Int64
 	c, err := outbox.NewConsumer(b.db, mem, mem, fn, broker.ConsumerConfig{Logger: quiet(), Concurrency: 4,
 		Backoff: broker.Backoff{Initial: 50 * time.Millisecond},
+		Hooks:   broker.Hooks{Settled: func(string, broker.Outcome, string) { settled.Add(1) }},
 		Group: func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
 			groups.Add(1)
 			if int64(len(msgs)) > largest.Load() {
@@ -225,8 +244,15 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
-	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state IN ('pending', 'published')") == 0 }) {
-		t.Fatalf("%d tasks still open", b.count(t, "state IN ('pending', 'published')"))
+	// Every delivery settled: the relay's n-1 (not the cancelled task's),
+	// the four published by hand and the flaky message's retry.
+	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool {
+		return settled.Load() >= n+4 && b.count(t, "state IN ('pending', 'published')") == 0
+	}) {
+		t.Fatalf("%d deliveries settled, %d tasks still open", settled.Load(), b.count(t, "state IN ('pending', 'published')"))
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if got := b.count(t, "state = 'done'"); got != n-2 {
 		t.Fatalf("%d tasks done, want %d (all but the cancelled and the poison)", got, n-2)
@@ -241,8 +267,13 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 	if once != n-2 || more != 0 {
 		t.Fatalf("%d orders cancelled once and %d more than once; want %d and 0", once, more, n-2)
 	}
-	if status, _ := b.orderRow(t, "g-7"); status != "UNPAID" {
-		t.Fatal("the cancelled task's order was cancelled by the timeout")
+	for _, k := range []string{"g-5", "g-7"} {
+		if status, cancels := b.orderRow(t, k); status != "UNPAID" || cancels != 0 {
+			t.Errorf("order %s is %s, cancelled %d times; want UNPAID and 0 (the poison's write rolled back, the cancelled task's handler never run)", k, status, cancels)
+		}
+	}
+	if !flakyFailed.Load() {
+		t.Fatal("the flaky message never failed")
 	}
 	if groups.Load() == 0 || largest.Load() < 2 {
 		t.Fatalf("%d groups, largest %d: a burst was not grouped", groups.Load(), largest.Load())
