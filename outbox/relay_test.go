@@ -366,10 +366,10 @@ func TestNewRelay_RefusesALookaheadItCannotKeep(t *testing.T) {
 		cfg  outbox.RelayConfig
 		want string
 	}{
-		{outbox.RelayConfig{Lookahead: 60 * time.Millisecond}, "shorter than the relay's ProbeMax 80ms"},
+		{outbox.RelayConfig{Lookahead: 60 * time.Millisecond}, "shorter than the relay's ProbeMax 80ms, so tasks would reach the broker after they are due; raise Lookahead to at least 80ms or lower ProbeMax"},
 		{outbox.RelayConfig{Probe: 50 * time.Millisecond, ProbeMax: 20 * time.Millisecond}, "ProbeMax 20ms is shorter than Probe 50ms"},
 		{outbox.RelayConfig{Lookahead: 500 * time.Millisecond, Probe: -1, IdleMax: time.Second}, "shorter than the relay's IdleMax"},
-		{outbox.RelayConfig{Lookahead: 2 * time.Hour}, "longer than one broker hop (1h0m0s)"},
+		{outbox.RelayConfig{Lookahead: 2 * time.Hour}, "longer than one broker hop (1h0m0s), so every task published that early would hop twice; lower Lookahead to at most 1h0m0s"},
 	} {
 		_, err := outbox.NewRelay(b.db, mem, tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

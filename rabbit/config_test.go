@@ -76,6 +76,10 @@ func TestConfig_RefusesALadderWhoseHopsCannotMakeProgress(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("depth %d, lead %v: err = %v, want ok %v", c.depth, c.lead, err, c.ok)
 		}
+		// The refusal says what to change.
+		if err != nil && !strings.Contains(err.Error(), "no hop could make progress; raise Depth or lower Lead") {
+			t.Errorf("depth %d, lead %v: err = %v, want it to say to raise Depth or lower Lead", c.depth, c.lead, err)
+		}
 	}
 }
 
