@@ -245,6 +245,11 @@ func marksTaskDead(reason error) bool {
 // (next_attempt_ms). The scanner then leaves the task alone while it waits
 // out its backoff and re-publishes it with its attempt, so MaxAttempts
 // holds across rescues. Rows are matched as DeadLetter matches them.
+//
+// A row still pending (a message handled before the relay recorded its
+// publish) becomes published here, its lease gone: the broker holds a
+// message for it, and the relay's record of the publish, which would
+// clear next_attempt_ms, then leaves the row alone.
 func RecordRetry(db *sql.DB) broker.RetryRecorder {
 	return func(ctx context.Context, m *broker.Message, cause error) error {
 		if m.TaskID == 0 {
@@ -254,9 +259,13 @@ func RecordRetry(db *sql.DB) broker.RetryRecorder {
 		if cause != nil {
 			why = "attempt failed: " + cause.Error()
 		}
-		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = ?, next_attempt_ms = ?, last_error = ?, updated_ms = ?
+		now := time.Now().UnixMilli()
+		// MariaDB assigns left to right: state changes last, after the
+		// assignments that read the old one.
+		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = ?, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
+  published_ms = IF(state = 'pending', ?, published_ms), lease_owner = IF(state = 'pending', 0, lease_owner), state = 'published'
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-			m.Attempt, m.DeliverAt.UnixMilli(), truncate(why, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+			m.Attempt, m.DeliverAt.UnixMilli(), truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)
 		}
 		return nil

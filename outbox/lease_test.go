@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -326,5 +327,43 @@ func TestRelay_AQuietProbeSlowsDownAndANudgeSpeedsItUp(t *testing.T) {
 	t.Logf("nudged: %d SELECTs in 1s", n)
 	if n < 30 {
 		t.Fatalf("nudged every 200 ms: %d SELECTs in 1s, want a probe back at 2 ms (hundreds)", n)
+	}
+}
+
+// A message the consumer failed before the relay recorded its publish
+// (a task due at once on a fast broker) keeps its retry's wait: the
+// relay's record of the publish, which clears next_attempt_ms, would
+// otherwise let the scanner re-publish the task long before its backoff
+// ended.
+func TestRelay_LeavesARetryRecordedBeforeItsPublishRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	id := b.schedule(t, outbox.Task{Topic: "flight", Key: "quick", DueAt: time.Now()})
+	retryAt := broker.MillisUTC(time.Now().Add(time.Hour))
+	var recorded error
+	pub := &duringPublish{Publisher: mem, f: func(ctx context.Context) {
+		info, err := outbox.Get(ctx, b.db, "flight", "quick")
+		if err != nil {
+			recorded = err
+			return
+		}
+		recorded = outbox.RecordRetry(b.db)(ctx, &broker.Message{TaskID: id, Topic: "flight", Key: "quick",
+			Generation: info.Generation, Attempt: 1, DeliverAt: retryAt}, errors.New("handler failed"))
+	}}
+	if n, err := newRelay(t, b, pub, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 1 {
+		t.Fatalf("Once = %d, %v", n, err)
+	}
+	if recorded != nil {
+		t.Fatal(recorded)
+	}
+	var state string
+	var next, owner int64
+	if err := b.db.QueryRow("SELECT state, next_attempt_ms, lease_owner FROM delay_task WHERE id = ?", id).Scan(&state, &next, &owner); err != nil {
+		t.Fatal(err)
+	}
+	if state != "published" || next != retryAt.UnixMilli() || owner != 0 {
+		t.Fatalf("row is %s, next attempt at %d, lease owner %d; want published, %d (the retry's), 0", state, next, owner, retryAt.UnixMilli())
 	}
 }
