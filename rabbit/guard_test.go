@@ -372,14 +372,16 @@ func unroutable(t *testing.T, b *bundle, pub *Publisher, topic string) {
 func TestPublisher_EveryReturnedMessageFailsUnroutable(t *testing.T) {
 	b := setup(t)
 	pub, proxy := proxiedPublisher(t, b, "kept", DefaultConfirmWindow)
-	unroutable(t, b, pub, "lost")
 	// Three bursts: the order the owner goroutine reads them in is random.
+	// A topic each: after a return the publisher declares the queue again.
 	for round := range 3 {
+		lost := fmt.Sprintf("lost-%d", round)
+		unroutable(t, b, pub, lost)
 		var msgs []*broker.Message
 		// Routable ones only at the end: each confirm without a return
 		// ahead of it would let the returns get ahead of the confirms.
 		for i := range DefaultConfirmWindow - 1 {
-			topic := "lost"
+			topic := lost
 			if i >= DefaultConfirmWindow-10 {
 				topic = "kept"
 			}
@@ -405,7 +407,7 @@ func TestPublisher_EveryReturnedMessageFailsUnroutable(t *testing.T) {
 		bad, returned := 0, 0
 		for i, err := range broker.PublishResults(err, len(msgs)) {
 			switch {
-			case msgs[i].Topic == "lost":
+			case msgs[i].Topic == lost:
 				returned++
 				if !errors.Is(err, ErrUnroutable) {
 					if bad++; bad <= 3 {

@@ -225,7 +225,8 @@ func TestLadder_UnroutableMessageDoesNotStallLevel(t *testing.T) {
 func TestPublisher_ReturnedMessageIsReportedFailedAlone(t *testing.T) {
 	b := setup(t)
 	// One channel: it declared "gone" once and will not declare it again
-	// after the test deletes it; a second channel would.
+	// after the test deletes it until a return says the queue is gone; a
+	// second channel would.
 	b.cfg.Channels = 1
 	pub, _ := b.clients(t, "here")
 	b.topic("gone")
@@ -260,6 +261,14 @@ func TestPublisher_ReturnedMessageIsReportedFailedAlone(t *testing.T) {
 		if msgs[i].Topic == "here" && err != nil {
 			t.Errorf("#%d (routable): err = %v, want confirmed", i, err)
 		}
+	}
+	// The return told the publisher the queue is gone: the next publish
+	// declares it again and is confirmed into it.
+	if err := pub.Publish(ctx, &broker.Message{Topic: "gone", Key: "again", DeliverAt: time.Now()}); err != nil {
+		t.Fatalf("Publish after the return: %v, want the queue declared again", err)
+	}
+	if _, ok := getWithin(t, ch, topo.topicQueue("gone"), 10*time.Second); !ok {
+		t.Fatal("the message published after the return is not in the declared-again queue")
 	}
 }
 

@@ -401,6 +401,9 @@ func (l *pubLoop) confirm(c amqp.Confirmation) {
 		err = ErrNacked
 	case returned:
 		err = fmt.Errorf("%w: %s", ErrUnroutable, why)
+		// Its queue is gone (deleted by hand, say): the next publish to the
+		// topic declares it again rather than trust what was declared.
+		delete(l.declared, pm.req.msgs[pm.i].topic)
 	}
 	pm.req.settle(pm.i, err)
 }
@@ -445,6 +448,9 @@ func (l *pubLoop) lost(cause error) {
 		delete(l.pending, tag)
 	}
 	clear(l.returned)
+	// The broker may come back without the topic queues (a node reset):
+	// declare each again on its next publish.
+	clear(l.declared)
 	closeQuietly(l.conn)
 	l.conn, l.ch, l.topoCh = nil, nil, nil
 	l.confirms, l.returns, l.closed = nil, nil, nil
