@@ -852,16 +852,18 @@ type confirmClock struct {
 }
 
 func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) error {
-	if err := c.Publisher.Publish(ctx, msgs...); err != nil {
-		return err
-	}
+	err := c.Publisher.Publish(ctx, msgs...)
 	now := time.Now().UnixMilli()
-	for _, m := range msgs {
-		if i, ok := c.run.index(m.Key); ok {
+	// A batch that failed in part still had the rest confirmed.
+	for j, perr := range broker.PublishResults(err, len(msgs)) {
+		if perr != nil {
+			continue
+		}
+		if i, ok := c.run.index(msgs[j].Key); ok {
 			c.run.published[i].CompareAndSwap(0, now)
 		}
 	}
-	return nil
+	return err
 }
 
 // deliveryClock is the consumer's subscriber in a bench run: it notes when
@@ -881,12 +883,24 @@ func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *bro
 	go func() {
 		defer close(out)
 		for d := range in {
-			if d.Message != nil {
-				if i, ok := c.run.index(d.Message.Key); ok {
+			// A message too early to hold is sent on another hop: it has
+			// not reached the consumer for good yet.
+			if m := d.Message; m != nil && time.Until(m.DeliverAt) <= broker.DefaultHoldWindow {
+				if i, ok := c.run.index(m.Key); ok {
 					c.run.delivered[i].CompareAndSwap(0, time.Now().UnixMicro())
 				}
 			}
-			out <- d
+			select {
+			case out <- d:
+			case <-ctx.Done():
+				// Nobody reads out any more (a Start that failed after
+				// subscribing): give this one back, and the rest as they
+				// come until the subscription closes.
+				for ; d != nil; d = <-in {
+					_ = d.Acker.Nack()
+				}
+				return
+			}
 		}
 	}()
 	return out, nil
