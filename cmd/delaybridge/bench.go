@@ -569,7 +569,9 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		grouped(topic, n, took)
 	}
 	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.a.log, Hooks: hooks, GroupSize: o.group}
-	sub := deliveryClock{b.cl.sub, run}
+	// The runtime's hold window with ccfg's HoldWindow unset: a message
+	// earlier than that goes on another hop.
+	sub := deliveryClock{b.cl.sub, run, max(broker.DefaultHoldWindow, 2*b.cl.pub.Limits().Precision)}
 	var err error
 	if o.handler == "noop" {
 		b.consumer, err = broker.NewConsumer(sub, b.cl.pub, func(ctx context.Context, m *broker.Message) error {
@@ -871,7 +873,8 @@ func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) erro
 // delivery on as it takes it, so it holds none back.
 type deliveryClock struct {
 	broker.Subscriber
-	run *benchRun
+	run  *benchRun
+	hold time.Duration // the consumer's hold window
 }
 
 func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *broker.Delivery, error) {
@@ -885,7 +888,7 @@ func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *bro
 		for d := range in {
 			// A message too early to hold is sent on another hop: it has
 			// not reached the consumer for good yet.
-			if m := d.Message; m != nil && time.Until(m.DeliverAt) <= broker.DefaultHoldWindow {
+			if m := d.Message; m != nil && time.Until(m.DeliverAt) <= c.hold {
 				if i, ok := c.run.index(m.Key); ok {
 					c.run.delivered[i].CompareAndSwap(0, time.Now().UnixMicro())
 				}
