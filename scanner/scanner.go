@@ -112,6 +112,40 @@ type Scanner struct {
 
 	mu   sync.Mutex
 	held map[string]*lastRescue // by topic, while HoldWhileBehind lasts
+
+	// logMu guards what Backlog last saw, so a count that stays the same
+	// is not logged again every pass.
+	logMu       sync.Mutex
+	stuckLogged backlogLog
+	deadLogged  backlogLog
+}
+
+// backlogReminder is how often Backlog repeats a warning whose count has
+// not risen: a count that stays up is not forgotten, nor logged every
+// pass.
+const backlogReminder = time.Hour
+
+// backlogLog is one backlog count as Backlog last saw it, and when it last
+// logged it.
+type backlogLog struct {
+	n  int
+	at time.Time
+}
+
+// next records n and says what to log: warn when n rose since the last
+// pass or has not been logged for backlogReminder, cleared when it fell
+// to zero.
+func (l *backlogLog) next(n int, now time.Time) (warn, cleared bool) {
+	prev := l.n
+	l.n = n
+	switch {
+	case n == 0:
+		return false, prev > 0
+	case n > prev || now.Sub(l.at) >= backlogReminder:
+		l.at = now
+		return true, false
+	}
+	return false, false
 }
 
 // lastRescue is what the last rescue of one topic published, and when.
@@ -427,8 +461,10 @@ func (s *Scanner) behind(ctx context.Context) ([]string, error) {
 }
 
 // Backlog counts pending tasks overdue by more than PendingAlert (the relay
-// is not keeping up) and dead tasks, logs them when non-zero and reports
-// them to the Backlog hook.
+// is not keeping up) and dead tasks, and reports them to the Backlog hook.
+// It logs a count when it rises, again every backlogReminder while it
+// stays up, and once when it falls to zero: Run calls it every 10
+// intervals, and the same warning every 10 s tells an operator nothing.
 func (s *Scanner) Backlog(ctx context.Context) (stuckPending, dead int, err error) {
 	cut := s.cfg.Now().Add(-s.cfg.PendingAlert).UnixMilli()
 	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending' AND due_ms < ?", cut).Scan(&stuckPending); err != nil {
@@ -437,11 +473,22 @@ func (s *Scanner) Backlog(ctx context.Context) (stuckPending, dead int, err erro
 	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'dead'").Scan(&dead); err != nil {
 		return 0, 0, fmt.Errorf("scanner: count dead: %w", err)
 	}
-	if stuckPending > 0 {
+	now := s.cfg.Now()
+	s.logMu.Lock()
+	warnStuck, stuckCleared := s.stuckLogged.next(stuckPending, now)
+	warnDead, deadCleared := s.deadLogged.next(dead, now)
+	s.logMu.Unlock()
+	switch {
+	case warnStuck:
 		s.cfg.Logger.Warn("delaybridge scanner: pending tasks overdue; is the relay running?", "rows", stuckPending, "overdue_by_more_than", s.cfg.PendingAlert)
+	case stuckCleared:
+		s.cfg.Logger.Info("delaybridge scanner: no pending task is overdue any more", "overdue_by_more_than", s.cfg.PendingAlert)
 	}
-	if dead > 0 {
+	switch {
+	case warnDead:
 		s.cfg.Logger.Warn("delaybridge scanner: dead tasks need attention (delaybridge dead list)", "rows", dead)
+	case deadCleared:
+		s.cfg.Logger.Info("delaybridge scanner: no dead task left")
 	}
 	if s.cfg.Hooks.Backlog != nil {
 		s.cfg.Hooks.Backlog(stuckPending, dead)
