@@ -1,34 +1,16 @@
 package scanner_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
-
-// syncBuffer is a log sink a test reads while the scanner writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
 
 // The dead-task warning used to be logged on every backlog check (every
 // 10 s): 153 identical lines in 27 minutes. It is logged when the count
@@ -38,7 +20,7 @@ func TestScanner_BacklogLogsTheDeadCountOnChangeOnly(t *testing.T) {
 	b := setup(t)
 	b.task(t, "dead-1", outbox.StateDead, time.Now())
 	b.task(t, "dead-2", outbox.StateDead, time.Now())
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	var mu sync.Mutex
 	clock := time.Now()
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
@@ -54,8 +36,8 @@ func TestScanner_BacklogLogsTheDeadCountOnChangeOnly(t *testing.T) {
 		if _, _, err := s.Backlog(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := logs.count(warning); got != want {
-			t.Fatalf("%s: %d dead-task warnings logged, want %d; log:\n%s", why, got, want, logs.buf.String())
+		if got := strings.Count(logs.String(), warning); got != want {
+			t.Fatalf("%s: %d dead-task warnings logged, want %d; log:\n%s", why, got, want, logs.String())
 		}
 	}
 	check(1, "first check of 2 dead")
@@ -73,11 +55,11 @@ func TestScanner_BacklogLogsTheDeadCountOnChangeOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(3, "no dead task left")
-	if got := logs.count("no dead task left"); got != 1 {
-		t.Fatalf("%d 'no dead task left' lines, want 1; log:\n%s", got, logs.buf.String())
+	if got := strings.Count(logs.String(), "no dead task left"); got != 1 {
+		t.Fatalf("%d 'no dead task left' lines, want 1; log:\n%s", got, logs.String())
 	}
 	check(3, "still none")
-	if got := logs.count("no dead task left"); got != 1 {
+	if got := strings.Count(logs.String(), "no dead task left"); got != 1 {
 		t.Fatalf("%d 'no dead task left' lines after a second empty check, want 1", got)
 	}
 }
