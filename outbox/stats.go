@@ -32,14 +32,21 @@ type Stats struct {
 	// OldestPendingDue is the due time of the oldest pending task, zero
 	// when none is pending.
 	OldestPendingDue time.Time `json:"oldest_pending_due,omitzero"`
-	// Overdue counts published tasks past due by more than the grace used.
-	// It is counted live while at most overdueScan (10,000) published tasks
-	// are past due; beyond that ReadStats reports the larger of what the
-	// first 10,000 held and the summary's count (as of CountsAt, with the
-	// refresher's grace): a lower bound without a summary.
+	// Overdue counts unfinished tasks (pending or published) more than
+	// the grace used past their due time: late, whatever the relay, the
+	// scanner or a retry did with them since. Dead tasks count under Dead.
+	// It is counted live while at most overdueScan (10,000) tasks of each
+	// state are past due; beyond that ReadStats reports the larger of what
+	// the first 10,000 held and the summary's count (as of CountsAt, with
+	// the refresher's grace): a lower bound without a summary.
 	Overdue int `json:"overdue"`
-	// overdueCapped is set when more published tasks were past due than
-	// the live count reads.
+	// OverduePending counts the pending tasks among Overdue: tasks the
+	// relay has not published though they are past due and the grace, so
+	// no relay is running or its publishes fail. It is counted live, of
+	// the oldest overdueScan at most.
+	OverduePending int `json:"overdue_pending"`
+	// overdueCapped is set when more tasks were past due than the live
+	// count reads.
 	overdueCapped bool
 	// Dead counts dead tasks.
 	Dead int `json:"dead"`
@@ -50,9 +57,12 @@ type Stats struct {
 	// zero when ReadStats found no summary (no refresher has run yet); those
 	// fields are then empty, not zero counts.
 	CountsAt time.Time `json:"counts_at,omitzero"`
-	// CountsAge is how old the counts were when read: the now passed in
-	// minus CountsAt.
-	CountsAge time.Duration `json:"counts_age_ns"`
+	// CountsAge is how old the counts were when read, by the database's
+	// clock; JSON gives it in whole milliseconds (counts_age_ms), as it
+	// gives every other time.
+	CountsAge time.Duration `json:"-"`
+	// CountsAgeMS is CountsAge in milliseconds, for JSON.
+	CountsAgeMS int64 `json:"counts_age_ms"`
 	// Live reports that CountStats counted the whole table for this call
 	// instead of reading the summary.
 	Live bool `json:"live,omitempty"`
@@ -81,8 +91,8 @@ const (
 	// duration, so on a table large enough that counting takes seconds the
 	// background count still costs the database at most a tenth of a core.
 	statsIdleFactor = 10
-	// overdueScan bounds the published tasks past due that ReadStats looks
-	// at; most rows in that range should not exist, and when they do (a
+	// overdueScan bounds the tasks past due of each state that ReadStats
+	// looks at; most rows in that range should not exist, and when they do (a
 	// consumer down for hours), the summary's count serves.
 	overdueScan = 10000
 	// latenessSamples bounds the done tasks the lateness summary reads, the
@@ -100,7 +110,7 @@ var ErrNotMigrated = errors.New("outbox: the database is not migrated to this ve
 // the table: the counts come from the summary RefreshStats last wrote (zero
 // CountsAt when there is none; see CountStats), the rest from ranges of the
 // (state, due_ms) index that stop at a fixed number of rows. grace is how
-// overdue a published task must be to count as overdue; window is how far
+// far past due an unfinished task must be to count as overdue; window is how far
 // back done tasks feed the lateness summary, and 0 skips it.
 func ReadStats(ctx context.Context, q Querier, now time.Time, grace, window time.Duration) (*Stats, error) {
 	st := &Stats{Backlog: map[State]map[string]int{}}
@@ -141,14 +151,15 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 	if !st.CountsAt.IsZero() {
 		st.setCounts(counts)
 		st.CountsAge = msTime(dbNow).Sub(st.CountsAt)
+		st.CountsAgeMS = st.CountsAge.Milliseconds()
 	}
 	if err := st.readLive(ctx, q, now, grace, window); err != nil {
 		return nil, err
 	}
 	if st.overdueCapped {
-		// The bounded range saw only the first overdueScan published
-		// tasks past due: what it counted overdue among them is a lower
-		// bound, which the summary's count may raise.
+		// The bounded ranges saw only the first overdueScan tasks past
+		// due of each state: what they counted is a lower bound, which
+		// the summary's count may raise.
 		if !st.CountsAt.IsZero() {
 			st.Overdue = max(st.Overdue, summaryOverdue)
 		}
@@ -178,7 +189,7 @@ func CountStats(ctx context.Context, q Querier, now time.Time, grace, window tim
 }
 
 // RefreshStats counts the outbox by state and topic, and the overdue
-// published tasks with grace, and replaces the summary ReadStats reads. The
+// tasks with grace, and replaces the summary ReadStats reads. The
 // count reads every row (a walk of the (state, topic) index); run it in the
 // background, as StatsRefresher does, not on a request's path.
 func RefreshStats(ctx context.Context, db *sql.DB, grace time.Duration) error {
@@ -293,14 +304,17 @@ func (st *Stats) setCounts(counts map[State]map[string]int) {
 	}
 }
 
-// overdueWhere is the scanner's test for a lost publish: past due, past the
-// last publish and past the next attempt a retry recorded, each by grace.
-const overdueWhere = "published_ms < ? AND next_attempt_ms < ?"
+// overdueStates are the states whose tasks are overdue once past due by
+// the grace: not finished, and not given up (dead counts apart). Overdue
+// counts from the due time alone, never from the last publish or a
+// backoff: a task 25 minutes late is overdue however recently the scanner
+// re-published it. (The scanner decides what to rescue by its own rule.)
+const overdueStates = "('pending', 'published')"
 
 // readLive fills the figures that bounded index ranges give: the oldest
-// pending due time, the overdue count (of the first overdueScan published
-// tasks past due, overdueCapped set when there are more) and the lateness
-// summary.
+// pending due time, the overdue counts (of the first overdueScan tasks
+// past due of each state, overdueCapped set when there are more) and the
+// lateness summary.
 func (st *Stats) readLive(ctx context.Context, q Querier, now time.Time, grace, window time.Duration) error {
 	var oldest sql.NullInt64
 	if err := q.QueryRowContext(ctx, "SELECT MIN(due_ms) FROM delay_task WHERE state = 'pending'").Scan(&oldest); err != nil {
@@ -310,13 +324,18 @@ func (st *Stats) readLive(ctx context.Context, q Querier, now time.Time, grace, 
 		st.OldestPendingDue = msTime(oldest.Int64)
 	}
 	cutoff := now.Add(-grace).UnixMilli()
-	var seen, overdue int
-	if err := q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(`+overdueWhere+`), 0) FROM (
-  SELECT published_ms, next_attempt_ms FROM delay_task WHERE state = 'published' AND due_ms < ? ORDER BY due_ms LIMIT ?) t`,
-		cutoff, cutoff, cutoff, overdueScan+1).Scan(&seen, &overdue); err != nil {
+	// Two ranges of the (state, due_ms, id, topic) index, each read in
+	// the index alone and stopped after overdueScan + 1 entries.
+	var pending, published int
+	if err := q.QueryRowContext(ctx, `SELECT
+  (SELECT COUNT(*) FROM (SELECT 1 FROM delay_task WHERE state = 'pending' AND due_ms < ? LIMIT ?) p),
+  (SELECT COUNT(*) FROM (SELECT 1 FROM delay_task WHERE state = 'published' AND due_ms < ? LIMIT ?) u)`,
+		cutoff, overdueScan+1, cutoff, overdueScan+1).Scan(&pending, &published); err != nil {
 		return fmt.Errorf("outbox: stats: %w", err)
 	}
-	st.Overdue, st.overdueCapped = overdue, seen > overdueScan
+	st.overdueCapped = pending > overdueScan || published > overdueScan
+	pending, published = min(pending, overdueScan), min(published, overdueScan)
+	st.Overdue, st.OverduePending = pending+published, pending
 	if window <= 0 {
 		return nil
 	}
@@ -342,12 +361,11 @@ WHERE state = 'done' AND due_ms >= ? AND due_ms <= ? AND done_ms <> 0 ORDER BY d
 	return nil
 }
 
-// countOverdue counts every overdue published task, however many.
+// countOverdue counts every overdue task, however many.
 func countOverdue(ctx context.Context, q Querier, now time.Time, grace time.Duration) (int, error) {
-	cutoff := now.Add(-grace).UnixMilli()
 	var n int
-	if err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND due_ms < ? AND "+overdueWhere,
-		cutoff, cutoff, cutoff).Scan(&n); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM delay_task WHERE state IN "+overdueStates+" AND due_ms < ?",
+		now.Add(-grace).UnixMilli()).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: count overdue: %w", err)
 	}
 	return n, nil
@@ -366,8 +384,8 @@ type StatsRefresherConfig struct {
 	// long spaces the next one by statsIdleFactor times its duration
 	// instead, when that is longer. Default DefaultStatsInterval.
 	Interval time.Duration
-	// Grace is how overdue a published task must be for the summary's
-	// overdue count. Default DefaultStatsGrace.
+	// Grace is how far past due an unfinished task must be for the
+	// summary's overdue count. Default DefaultStatsGrace.
 	Grace time.Duration
 	// Logger receives the refresher's logs. Default slog.Default().
 	Logger *slog.Logger

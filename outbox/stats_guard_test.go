@@ -11,10 +11,11 @@ import (
 )
 
 // insertOverdueCases writes, beside lost (a count of) published tasks lost
-// an hour ago, one task of each kind that is not overdue with a grace of
-// 30 s: published a moment ago, retried by a scanner just now, published
-// ahead of a due time still to come, and pending, done, dead or cancelled
-// an hour past due.
+// an hour ago, three more tasks an hour past due that are overdue with a
+// grace of 30 s (published a moment ago, retried by a scanner just now,
+// pending) and one task of each kind that is not: published ahead of a
+// due time still to come, pending due within the grace, and done, dead
+// or cancelled an hour past due.
 func (b *bundle) insertOverdueCases(t *testing.T, lost int) {
 	t.Helper()
 	now := time.Now()
@@ -32,6 +33,7 @@ SELECT 'od', CONCAT('lost-', seq), ?, '', 'published', ?, ?, ?, 0 FROM seq_1_to_
 		{"retried-just-now", "published", hourAgo, hourAgo, now.UnixMilli()},
 		{"published-ahead", "published", now.Add(10 * time.Second).UnixMilli(), now.Add(-40 * time.Second).UnixMilli(), 0},
 		{"pending", "pending", hourAgo, 0, 0},
+		{"pending-within-grace", "pending", now.Add(-10 * time.Second).UnixMilli(), 0, 0},
 		{"done", "done", hourAgo, hourAgo, 0},
 		{"dead", "dead", hourAgo, hourAgo, 0},
 		{"cancelled", "cancelled", hourAgo, hourAgo, 0},
@@ -44,11 +46,15 @@ VALUES ('od', ?, ?, '', ?, ?, ?, ?, ?)`, c.key, c.due, c.state, hourAgo, hourAgo
 	}
 }
 
-// Overdue counts published tasks past due whose last publish and last
-// recorded retry are both older than the grace: lost publishes, the ones a
-// scanner must rescue. It counts no task published ahead of its due time,
-// just published or just retried, nor any task in another state.
-func TestStats_OverdueCountsOnlyPublishedTasksLostPastTheGrace(t *testing.T) {
+// overdueOthers is how many tasks insertOverdueCases writes beside the
+// lost ones that are overdue, and how many of those are pending.
+const overdueOthers, overduePending = 3, 1
+
+// Overdue counts unfinished tasks (pending or published) more than the
+// grace past due, whenever they were last published or retried: late is
+// late. It counts no task due within the grace or still to come, nor any
+// finished or dead task.
+func TestStats_OverdueCountsUnfinishedTasksPastDueAndTheGrace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.insertOverdueCases(t, 1)
@@ -61,14 +67,16 @@ func TestStats_OverdueCountsOnlyPublishedTasksLostPastTheGrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if live.Overdue != 1 || read.Overdue != 1 {
-		t.Fatalf("Overdue: CountStats %d, ReadStats %d; want 1, the one lost publish", live.Overdue, read.Overdue)
+	const want = 1 + overdueOthers
+	if live.Overdue != want || read.Overdue != want || live.OverduePending != overduePending || read.OverduePending != overduePending {
+		t.Fatalf("Overdue: CountStats %d (%d pending), ReadStats %d (%d pending); want %d (%d pending)",
+			live.Overdue, live.OverduePending, read.Overdue, read.OverduePending, want, overduePending)
 	}
 }
 
-// Past the 10,000 published tasks ReadStats looks at, the overdue count is
-// the summary's, and the summary counts by the same rule.
-func TestRefreshStats_OverdueBeyondTheLiveScanCountsOnlyLostPublishes(t *testing.T) {
+// Past the 10,000 tasks ReadStats looks at, the overdue count is the
+// summary's, and the summary counts by the same rule.
+func TestRefreshStats_OverdueBeyondTheLiveScanCountsByTheSameRule(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const lost = 10001
@@ -81,27 +89,28 @@ func TestRefreshStats_OverdueBeyondTheLiveScanCountsOnlyLostPublishes(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Overdue != lost {
-		t.Fatalf("Overdue = %d, want the %d lost publishes the summary counted", st.Overdue, lost)
+	if st.Overdue != lost+overdueOthers {
+		t.Fatalf("Overdue = %d, want the %d the summary counted", st.Overdue, lost+overdueOthers)
 	}
 	live, err := outbox.CountStats(b.ctx, b.db, time.Now(), grace, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if live.Overdue != lost {
-		t.Fatalf("CountStats: Overdue = %d, want %d", live.Overdue, lost)
+	if live.Overdue != lost+overdueOthers {
+		t.Fatalf("CountStats: Overdue = %d, want %d", live.Overdue, lost+overdueOthers)
 	}
 }
 
-// More than 10,000 published tasks past due of which none is lost (each
-// published again a moment ago, as after a relay outage drains): the
-// overdue count stays 0, as the summary and CountStats say, rather than
-// jumping to the size of the live scan.
-func TestReadStats_ManyRecentlyPublishedPastDueAreNotOverdue(t *testing.T) {
+// More than 10,000 published tasks past due, each published again a
+// moment ago (as after a relay outage drains): every one is overdue. The
+// summary and CountStats count them all; ReadStats without a summary says
+// at least the 10,000 it read.
+func TestReadStats_ManyRecentlyPublishedPastDueAreOverdue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	now := time.Now()
-	testenv.FillTasks(t, b.db, testenv.TaskRows{Topic: "drained", State: "published", N: 10001, KeyPrefix: "d-", DueMS: now.Add(-time.Hour).UnixMilli()})
+	const n = 10001
+	testenv.FillTasks(t, b.db, testenv.TaskRows{Topic: "drained", State: "published", N: n, KeyPrefix: "d-", DueMS: now.Add(-time.Hour).UnixMilli()})
 	if _, err := b.db.Exec("UPDATE delay_task SET published_ms = ?", now.Add(-5*time.Second).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
@@ -109,20 +118,20 @@ func TestReadStats_ManyRecentlyPublishedPastDueAreNotOverdue(t *testing.T) {
 	if err := outbox.RefreshStats(b.ctx, b.db, grace); err != nil {
 		t.Fatal(err)
 	}
-	read := func(name string, f func(context.Context, outbox.Querier, time.Time, time.Duration, time.Duration) (*outbox.Stats, error)) {
+	read := func(name string, f func(context.Context, outbox.Querier, time.Time, time.Duration, time.Duration) (*outbox.Stats, error), want int) {
 		t.Helper()
 		st, err := f(b.ctx, b.db, time.Now(), grace, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Overdue != 0 {
-			t.Errorf("%s: Overdue = %d, want 0: every task was published again within the grace", name, st.Overdue)
+		if st.Overdue != want {
+			t.Errorf("%s: Overdue = %d, want %d", name, st.Overdue, want)
 		}
 	}
-	read("CountStats", outbox.CountStats)
-	read("ReadStats with a summary", outbox.ReadStats)
+	read("CountStats", outbox.CountStats, n)
+	read("ReadStats with a summary", outbox.ReadStats, n)
 	if _, err := b.db.Exec("DELETE FROM delay_task_stats_run"); err != nil {
 		t.Fatal(err)
 	}
-	read("ReadStats without one", outbox.ReadStats)
+	read("ReadStats without one", outbox.ReadStats, 10000)
 }

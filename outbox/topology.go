@@ -292,20 +292,22 @@ WHERE seen_ms >= `+dbNowMS+` - ? ORDER BY instance`, expiry.Milliseconds())
 // UnconsumedScan is how many overdue tasks Unconsumed reads at most.
 const UnconsumedScan = overdueScan
 
-// Unconsumed returns the topics that have published tasks overdue by more
-// than grace and no live consumer presence (within expiry), with how many
+// Unconsumed returns the topics that have published tasks more than grace
+// past due and no live consumer presence (within expiry), with how many
 // such tasks each: the tasks a consumer with another prefix or group, or no
-// consumer at all, leaves behind. Like Stats.Overdue it looks at the
-// oldest overdueScan overdue tasks at most, so its cost stays bounded
-// however many there are; the counts are then lower bounds. A topic whose
-// consumers do not announce themselves (Announce) shows here too.
-// When the counts add up to UnconsumedScan, each is a lower bound.
+// consumer at all, leaves behind. A task counts from its due time alone,
+// as Stats.Overdue does: however recently the scanner re-published it, a
+// task long past due and not done has no one handling it. Like
+// Stats.Overdue it looks at the oldest overdueScan overdue tasks at most,
+// so its cost stays bounded however many there are; the counts are then
+// lower bounds. A topic whose consumers do not announce themselves
+// (Announce) shows here too. When the counts add up to UnconsumedScan,
+// each is a lower bound.
 func Unconsumed(ctx context.Context, q Querier, now time.Time, grace, expiry time.Duration) (map[string]int, error) {
-	cutoff := now.Add(-grace).UnixMilli()
 	rows, err := q.QueryContext(ctx, `SELECT topic, COUNT(*) FROM (
   SELECT topic FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-  WHERE state = 'published' AND due_ms < ? AND `+overdueWhere+` ORDER BY due_ms LIMIT ?) o GROUP BY topic`,
-		cutoff, cutoff, cutoff, overdueScan)
+  WHERE state = 'published' AND due_ms < ? ORDER BY due_ms LIMIT ?) o GROUP BY topic`,
+		now.Add(-grace).UnixMilli(), overdueScan)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: overdue topics: %w", err)
 	}
