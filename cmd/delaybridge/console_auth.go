@@ -206,6 +206,9 @@ func (c *console) guard(next http.Handler) http.Handler {
 		if !c.cred.check(r) {
 			c.log.Warn("console: refused a request without the credential", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 			h.Set("WWW-Authenticate", `Basic realm="delaybridge console", charset="UTF-8"`)
+			// A guess costs a new connection, and a connection that sent
+			// a wrong password holds no slot while it sits idle.
+			h.Set("Connection", "close")
 			http.Error(w, "401 unauthorized: this console needs its user and password", http.StatusUnauthorized)
 			return
 		}

@@ -8,10 +8,13 @@ import (
 	"time"
 )
 
-// Limits of the metrics and health endpoint. It has no authentication, so
-// whoever reaches it must not be able to hold resources for long: a slow
-// client cannot keep a connection open past the timeouts, and many clients
-// cannot open more than httpMaxConns connections between them.
+// Limits of the metrics and health endpoint and of the console. Neither
+// may let whoever reaches it hold resources for long: a slow client cannot
+// keep a connection open past the timeouts, and many clients cannot open
+// more than httpMaxConns connections between them. Idle keep-alive
+// connections do not hold that cap against anyone: when it is reached, the
+// longest idle one is closed to make room, so a probe still answers with
+// hundreds of idle sockets open.
 const (
 	// httpReadHeaderTimeout bounds how long a client may take to send its
 	// request headers.
@@ -27,15 +30,19 @@ const (
 	// after answering (a refused login, say).
 	httpReadTimeout = 30 * time.Second
 	// httpIdleTimeout closes a keep-alive connection left idle this long.
-	httpIdleTimeout = 60 * time.Second
-	// httpMaxConns caps the open connections; further clients wait in the
-	// kernel's accept queue. A scraper and a probe or two need a handful.
+	// A scraper's interval (15 s and more) outlasts it anyway; a browser
+	// clicking through the console keeps its connection.
+	httpIdleTimeout = 10 * time.Second
+	// httpMaxConns caps the connections reading or answering a request;
+	// further clients wait in the kernel's accept queue. A scraper and a
+	// probe or two need a handful.
 	httpMaxConns = 32
 )
 
 // listenHTTP listens on addr for the metrics and health endpoint, at most
-// httpMaxConns connections at once, and warns when the address is reachable
-// from beyond this host: the endpoint has neither authentication nor TLS.
+// httpMaxConns busy connections at once, and warns when the address is
+// reachable from beyond this host: the endpoint has neither authentication
+// nor TLS.
 func (a *app) listenHTTP(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -48,7 +55,8 @@ func (a *app) listenHTTP(addr string) (net.Listener, error) {
 	return newLimitListener(ln, httpMaxConns), nil
 }
 
-// newHTTPServer returns the server of the metrics and health endpoint.
+// newHTTPServer returns the server of the metrics and health endpoint or of
+// the console. It tells a limitListener which of its connections are idle.
 func newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
@@ -56,36 +64,92 @@ func newHTTPServer(h http.Handler) *http.Server {
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
+		ConnState:         trackIdle,
+	}
+}
+
+// trackIdle records on c's limitedConn, if it has one (under TLS, beneath
+// the *tls.Conn), whether c is idle between requests.
+func trackIdle(c net.Conn, st http.ConnState) {
+	for c != nil {
+		if lc, ok := c.(*limitedConn); ok {
+			lc.setIdle(st == http.StateIdle)
+			return
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return
+		}
+		c = u.NetConn()
 	}
 }
 
 // limitListener accepts a connection only while fewer than cap(slots) are
-// open; Accept waits for one to close otherwise.
+// open. When none is free it closes the connection idle longest, as soon as
+// one is idle, or takes the slot of one that closes.
 type limitListener struct {
 	net.Listener
 	slots     chan struct{}
 	closed    chan struct{}
 	closeOnce sync.Once
+	idled     chan struct{} // a connection became idle
+
+	mu    sync.Mutex
+	conns map[*limitedConn]struct{}
 }
 
 func newLimitListener(ln net.Listener, n int) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{})}
+	return &limitListener{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{}), idled: make(chan struct{}, 1),
+		conns: map[*limitedConn]struct{}{}}
 }
 
 // Accept takes a slot, then a connection; the slot is given back when the
 // connection closes.
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.closed:
-		return nil, net.ErrClosed
+	for taken := false; !taken; {
+		select {
+		case l.slots <- struct{}{}:
+			taken = true
+			continue
+		default:
+		}
+		l.closeIdlest()
+		select {
+		case l.slots <- struct{}{}:
+			taken = true
+		case <-l.idled:
+		case <-l.closed:
+			return nil, net.ErrClosed
+		}
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
 		<-l.slots
 		return nil, err
 	}
-	return &limitedConn{Conn: c, release: func() { <-l.slots }}, nil
+	lc := &limitedConn{Conn: c, l: l}
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	l.mu.Unlock()
+	return lc, nil
+}
+
+// closeIdlest closes the connection that has been idle longest, if one is
+// idle. A client whose idle connection is closed opens another, as it does
+// after the server's idle timeout.
+func (l *limitListener) closeIdlest() {
+	l.mu.Lock()
+	var idlest *limitedConn
+	var since time.Time
+	for c := range l.conns {
+		if t, idle := c.idleSince(); idle && (idlest == nil || t.Before(since)) {
+			idlest, since = c, t
+		}
+	}
+	l.mu.Unlock()
+	if idlest != nil {
+		_ = idlest.Close()
+	}
 }
 
 // Close closes the listener and wakes an Accept waiting for a slot.
@@ -94,15 +158,46 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// limitedConn gives its listener slot back on its first Close.
+// limitedConn gives its listener slot back on its first Close, and knows
+// since when it is idle (trackIdle).
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l    *limitListener
+	once sync.Once
+
+	mu    sync.Mutex
+	idle  bool
+	since time.Time
+}
+
+func (c *limitedConn) setIdle(idle bool) {
+	c.mu.Lock()
+	if idle && !c.idle {
+		c.since = time.Now()
+	}
+	c.idle = idle
+	c.mu.Unlock()
+	if idle {
+		select {
+		case c.l.idled <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *limitedConn) idleSince() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.since, c.idle
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+		<-c.l.slots
+	})
 	return err
 }
