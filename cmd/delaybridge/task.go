@@ -99,7 +99,7 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 		return
 	}
 	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    handler %d, publish %d\nrescues:     %d\npayload:     %d bytes\n",
-		i.ID, printable(i.Task.Topic), printable(i.Task.Key), i.State, i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+		i.ID, printable(i.Task.Topic), printable(i.Task.Key), printable(string(i.State)), i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
 	if !i.PublishedAt.IsZero() {
 		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
 	}
