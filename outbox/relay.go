@@ -516,7 +516,8 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	r.ahead.Store(r.cfg.Pace > 0 && batch[0].Message.DeliverAt.Sub(now) > r.leisure())
 
 	// A row no broker would carry (written by hand or by another program:
-	// a due time of 0, a key too long) goes dead with the reason at once;
+	// a due time of 0, a key too long, a payload no consumer takes) goes
+	// dead with the reason at once;
 	// it must not be retried forever nor hold up the rows beside it.
 	claimed := len(batch)
 	batch, invalid := splitInvalid(batch)
@@ -651,16 +652,26 @@ func (r *Relay) rescan() time.Duration {
 	return r.cfg.IdleMax
 }
 
-// splitInvalid takes out of batch the rows whose message fails Validate,
-// grouped by the reason.
+// splitInvalid takes out of batch the rows no broker carries to a
+// consumer, grouped by the reason: a message that fails Validate, a
+// payload larger than any consumer accepts.
 func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[string][]store.Claimed) {
 	valid = batch[:0:0]
 	for _, c := range batch {
-		if err := c.Message.Validate(); err != nil {
+		reason := ""
+		switch err := c.Message.Validate(); {
+		case err != nil:
+			reason = "invalid row: " + err.Error()
+		case len(c.Message.Payload) > broker.MaxBody:
+			// Every consumer refuses it as malformed without marking the
+			// row, so published it would be rescued for ever: a foreign
+			// producer's row, as Schedule refuses far less.
+			reason = fmt.Sprintf("invalid row: payload of %d bytes, more than the %d a consumer accepts", len(c.Message.Payload), broker.MaxBody)
+		}
+		if reason != "" {
 			if invalid == nil {
 				invalid = map[string][]store.Claimed{}
 			}
-			reason := "invalid row: " + err.Error()
 			invalid[reason] = append(invalid[reason], c)
 			continue
 		}

@@ -167,6 +167,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 			failed[i] = errors.Join(broker.ErrRejected, err)
 			continue
 		}
+		if len(m.Payload) > broker.MaxBody {
+			// Every subscriber refuses it as malformed: published, it
+			// would come back from the scanner for ever.
+			failed[i] = fmt.Errorf("%w: payload of %d bytes, more than the %d a consumer accepts", broker.ErrRejected, len(m.Payload), broker.MaxBody)
+			continue
+		}
 		req.msgs = append(req.msgs, p.prepare(m, p.limits.Plan(now, m.DeliverAt).Delay))
 		req.idx = append(req.idx, i)
 	}
