@@ -1,12 +1,15 @@
 package rabbit
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delaybridge/delaybridge/broker"
 )
 
 // The ladder.
@@ -203,27 +206,56 @@ func (t topology) declare(ch *amqp.Channel) error {
 	return t.declareLadder(ch)
 }
 
-// declareTopic declares topic's consumer queue and binds it to where due
-// messages come out.
-func (t topology) declareTopic(ch *amqp.Channel, topic string) error {
+// declareTopic declares topic's consumer queue on ch and binds it to where
+// due messages come out. It returns the channel to go on with: conn's new
+// one when the dead queue's declaration closed ch.
+func (t topology) declareTopic(conn *amqp.Connection, ch *amqp.Channel, topic string) (*amqp.Channel, error) {
 	q := t.topicQueue(topic)
-	// A topic's queue is bounded like a ladder level: a consumer that is
-	// down must not let one topic fill the broker's memory. At the bound a
-	// publish is nacked (the relay retries it later) and the last level
-	// keeps its due messages until there is room.
-	var args amqp.Table
-	if t.cfg.MaxLength > 0 {
-		args = amqp.Table{"x-max-length": int64(t.cfg.MaxLength), "x-overflow": "reject-publish"}
+	_, err := ch.QueueDeclare(q, true, false, false, false, t.topicArgs(topic))
+	var aerr *amqp.Error
+	if err != nil && topic == broker.DefaultDeadTopic && errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
+		// Declared by an earlier version, unbounded: keep using it, as
+		// failing every dead-letter publish would be worse.
+		t.cfg.Logger.Warn("rabbit: the dead queue has other arguments than this version declares, so it is not bounded; delete it once (it holds only copies of what the database records) to have it declared bounded",
+			"queue", q, "err", err)
+		if ch, err = conn.Channel(); err != nil {
+			return nil, fmt.Errorf("rabbit: open channel: %w", err)
+		}
+		_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
 	}
-	if _, err := ch.QueueDeclare(q, true, false, false, false, quorum(args)); err != nil {
-		return fmt.Errorf("rabbit: declare queue %s: %w", q, err)
+	if err != nil {
+		return ch, fmt.Errorf("rabbit: declare queue %s: %w", q, err)
 	}
 	x, key := t.deliveryExchange(), topic
 	if t.cfg.Mode == ModeDelayedExchange {
 		x, key = t.delayedExchange(), topic
 	}
 	if err := ch.QueueBind(q, key, x, false, nil); err != nil {
-		return fmt.Errorf("rabbit: bind %s to %s: %w", q, x, err)
+		return ch, fmt.Errorf("rabbit: bind %s to %s: %w", q, x, err)
 	}
-	return nil
+	return ch, nil
+}
+
+// The dead queue's bound. It holds copies of what the consumers gave up on
+// (broker.PublishDead); the database records every task among them, so at
+// the bound the oldest copies are dropped, not the new ones refused. 4 MiB
+// bodies made one fill a node's memory.
+const (
+	deadMaxLength = 10_000
+	deadMaxBytes  = 64 << 20
+)
+
+// topicArgs returns the arguments of topic's queue.
+func (t topology) topicArgs(topic string) amqp.Table {
+	if topic == broker.DefaultDeadTopic {
+		return quorum(amqp.Table{"x-max-length": int64(deadMaxLength), "x-max-length-bytes": int64(deadMaxBytes), "x-overflow": "drop-head"})
+	}
+	// A topic's queue is bounded like a ladder level: a consumer that is
+	// down must not let one topic fill the broker's memory. At the bound a
+	// publish is nacked (the relay retries it later) and the last level
+	// keeps its due messages until there is room.
+	if t.cfg.MaxLength > 0 {
+		return quorum(amqp.Table{"x-max-length": int64(t.cfg.MaxLength), "x-overflow": "reject-publish"})
+	}
+	return quorum(nil)
 }

@@ -384,7 +384,9 @@ func (l *pubLoop) declareTopic(topic string) error {
 		}
 		l.topoCh = ch
 	}
-	return l.p.topo.declareTopic(l.topoCh, topic)
+	ch, err := l.p.topo.declareTopic(l.conn, l.topoCh, topic)
+	l.topoCh = ch
+	return err
 }
 
 // confirm settles the message a confirm is for. A basic.return always comes

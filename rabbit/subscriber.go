@@ -130,7 +130,7 @@ func (sub *subscription) connect(ctx context.Context) error {
 	if err := s.topo.declare(ch); err != nil {
 		return fail(err)
 	}
-	if err := s.topo.declareTopic(ch, sub.topic); err != nil {
+	if ch, err = s.topo.declareTopic(conn, ch, sub.topic); err != nil {
 		return fail(err)
 	}
 	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
