@@ -347,6 +347,78 @@ func Unconsumed(ctx context.Context, q Querier, now time.Time, grace, expiry tim
 	return overdue, nil
 }
 
+// TopologyMismatches says how the broker topologies of the live
+// processes in live differ: one line per setting that differs between two
+// configurations, naming the processes of each (`prefix: relay r1
+// "delaybridge"; consumer c1, c2 "shop"`). Processes of the same role and
+// the same topology count as one configuration, so the lines grow with
+// the configurations, not the processes. Announce refuses a consumer that
+// differs from a live process, but a relay that differs only logs it, and
+// its tasks go to queues no consumer reads: status, doctor and the console
+// show these lines. A setting only one side names is no difference, as in
+// broker.Topology.Diff.
+func TopologyMismatches(live []Presence) []string {
+	type config struct {
+		role      Role
+		topo      broker.Topology
+		instances []string
+	}
+	var configs []*config
+	byKey := map[string]*config{}
+	for _, p := range live {
+		topo, err := json.Marshal(p.Topology) // maps marshal in key order
+		if err != nil {
+			continue
+		}
+		key := string(p.Role) + " " + string(topo)
+		c := byKey[key]
+		if c == nil {
+			c = &config{role: p.Role, topo: p.Topology}
+			byKey[key] = c
+			configs = append(configs, c)
+		}
+		c.instances = append(c.instances, p.Instance)
+	}
+	// Relays first, then by their first instance: a stable order.
+	slices.SortFunc(configs, func(a, b *config) int {
+		if (a.role == RoleRelay) != (b.role == RoleRelay) {
+			if a.role == RoleRelay {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.instances[0], b.instances[0])
+	})
+	side := func(c *config, v string) string {
+		names := c.instances
+		more := ""
+		if len(names) > 3 {
+			names, more = names[:3], fmt.Sprintf(" (and %d more)", len(c.instances)-3)
+		}
+		return fmt.Sprintf("%s %s%s %q", c.role, strings.Join(names, ", "), more, v)
+	}
+	var out []string
+	for i, a := range configs {
+		for _, b := range configs[i+1:] {
+			if a.topo.Broker != b.topo.Broker {
+				out = append(out, "broker: "+side(a, a.topo.Broker)+"; "+side(b, b.topo.Broker))
+				continue
+			}
+			keys := make([]string, 0, len(a.topo.Settings))
+			for k := range a.topo.Settings {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				if v, ok := b.topo.Settings[k]; ok && v != a.topo.Settings[k] {
+					out = append(out, k+": "+side(a, a.topo.Settings[k])+"; "+side(b, v))
+				}
+			}
+		}
+	}
+	return out
+}
+
 // instanceName is host:pid:random, unique per process and readable.
 func instanceName() string {
 	host, err := os.Hostname()

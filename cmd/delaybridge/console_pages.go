@@ -130,15 +130,45 @@ func fmtWhen(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
+// fmtAgo writes t relative to now for a reader: "58m53s ago", or
+// "in 58m53s" for a time still to come.
 func fmtAgo(now, t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	d := now.Sub(t).Round(time.Second)
+	d := now.Sub(t)
 	if d < 0 {
-		return "in " + (-d).String()
+		return "in " + humanDur(-d)
 	}
-	return d.String() + " ago"
+	return humanDur(d) + " ago"
+}
+
+// humanDur writes d in the two largest units that matter, rounded: 250ms,
+// 42s, 58m53s, 5h3m, 3d5h, 77 days (not 1864h8m6.3s).
+func humanDur(d time.Duration) string {
+	if d < 0 {
+		return "-" + humanDur(-d)
+	}
+	const day = 24 * time.Hour
+	switch {
+	case d < time.Second-time.Millisecond/2:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute-time.Second/2:
+		return fmt.Sprintf("%ds", (d+time.Second/2)/time.Second)
+	case d < time.Hour-time.Second/2:
+		s := (d + time.Second/2) / time.Second
+		return fmt.Sprintf("%dm%ds", s/60, s%60)
+	case d < day-time.Minute/2:
+		m := (d + time.Minute/2) / time.Minute
+		return fmt.Sprintf("%dh%dm", m/60, m%60)
+	case d < 10*day-time.Hour/2:
+		h := (d + time.Hour/2) / time.Hour
+		if h%24 == 0 {
+			return fmt.Sprintf("%dd", h/24)
+		}
+		return fmt.Sprintf("%dd%dh", h/24, h%24)
+	}
+	return fmt.Sprintf("%d days", (d+day/2)/day)
 }
 
 func fmtDur(d time.Duration) string {
@@ -181,6 +211,9 @@ type overviewData struct {
 	RescDone  outbox.RescueSample
 	RescPub   outbox.RescueSample
 	HasCounts bool
+	// Signals say what is stuck for want of a process, as status says
+	// it: NO CONSUMER, NO RELAY, RELAY BEHIND, TOPOLOGY MISMATCH.
+	Signals []string
 }
 
 type latenessRow struct {
@@ -311,6 +344,9 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		return nil, err
 	}
 	d := &overviewData{Now: now, Stats: st, Grace: c.grace, HasCounts: !st.CountsAt.IsZero()}
+	if d.Signals, err = signals(ctx, db, st, now, c.grace); err != nil {
+		return nil, err
+	}
 	topics := map[string]*backlogRow{}
 	for state, byTopic := range st.Backlog {
 		for t, n := range byTopic {
@@ -356,6 +392,28 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		return nil, err
 	}
 	return d, nil
+}
+
+// signals are status's lines about the processes an outbox lacks: topics
+// with overdue tasks and no live consumer, pending tasks past due with no
+// relay (or a relay behind), and live processes whose broker topologies
+// differ.
+func signals(ctx context.Context, db outbox.Querier, st *outbox.Stats, now time.Time, grace time.Duration) ([]string, error) {
+	unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
+	if err != nil {
+		return nil, err
+	}
+	procs, err := readProcesses(ctx, db, st)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	printUnconsumed(&buf, unconsumed)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if lines[0] == "" {
+		lines = nil
+	}
+	return append(lines, procs.lines()...), nil
 }
 
 // ---------------------------------------------------------------- search

@@ -183,6 +183,7 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		r.fail("outbox schema at version %d, this binary needs %d: run delaybridge migrate", applied.Int64, migs[len(migs)-1].Version)
 	default:
 		r.ok("outbox schema at version %d", applied.Int64)
+		defer checkProcesses(ctx, db, r)
 		if unsafe != nil {
 			break
 		}
@@ -205,6 +206,40 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		}
 	}
 }
+
+// checkProcesses reports what the live presences of relays and consumers
+// say: broker topologies that differ fail (the tasks of one sit in queues
+// the other never reads; a consumer refuses to start so, a relay only
+// logs it), and pending tasks past due warn, more loudly with no live
+// relay.
+func checkProcesses(ctx context.Context, db *sql.DB, r *report) {
+	st, err := outbox.ReadStats(ctx, db, time.Now(), doctorGrace, 0)
+	if err != nil {
+		r.warn("live processes: %v", err)
+		return
+	}
+	p, err := readProcesses(ctx, db, st)
+	if err != nil {
+		r.warn("live processes: %v", err)
+		return
+	}
+	for _, m := range p.Mismatches {
+		r.fail("broker topology differs between live processes: %s: tasks may sit in queues nobody reads", printable(m))
+	}
+	if len(p.Mismatches) == 0 {
+		r.ok("live processes: %d relay(s) and %d consumer(s), no broker topology differs between them", p.LiveRelays, p.LiveConsumers)
+	}
+	switch {
+	case p.NoRelay:
+		r.warn("%d pending tasks more than %v past due and no live relay: start `delaybridge run`", p.OverduePending, doctorGrace)
+	case p.OverduePending > 0:
+		r.warn("%d pending tasks more than %v past due though %d relay(s) are live: the relay's publishes fail or it is behind (see its log)", p.OverduePending, doctorGrace, p.LiveRelays)
+	}
+}
+
+// doctorGrace is how far past due a pending task must be for doctor to
+// warn of it: status's default --grace.
+const doctorGrace = 30 * time.Second
 
 // checkDatabaseTransport says whether the outbox connection is encrypted,
 // and warns when it is not and leaves this host, or when it is encrypted

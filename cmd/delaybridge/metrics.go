@@ -25,9 +25,11 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	// outbox exports the outbox's counts, unconsumed the overdue topics
-	// without a live consumer; nil without a database.
+	// without a live consumer, presence the live processes; nil without a
+	// database.
 	outbox     *outboxCollector
 	unconsumed *unconsumedCollector
+	presence   *presenceCollector
 	// shard, when set, labels every series shard=NAME (run --shard-name).
 	shard string
 }
@@ -46,7 +48,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 		}
 		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
 		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: &m.outbox.maxTopics}
-		m.reg.MustRegister(m.outbox, m.unconsumed)
+		m.presence = &presenceCollector{db: db, log: log}
+		m.reg.MustRegister(m.outbox, m.unconsumed, m.presence)
 	}
 	return m
 }
@@ -101,16 +104,18 @@ func (c *outboxCollector) stats() *statsRead {
 }
 
 var (
-	descTasks    = prometheus.NewDesc("delaybridge_outbox_tasks", "Unfinished tasks by state and topic.", []string{"state", "topic"}, nil)
-	descFinished = prometheus.NewDesc("delaybridge_outbox_finished_tasks", "Finished tasks still kept, by state.", []string{"state"}, nil)
-	descOverdue  = prometheus.NewDesc("delaybridge_outbox_overdue_tasks", "Published tasks overdue by more than the grace.", nil, nil)
+	descTasks          = prometheus.NewDesc("delaybridge_outbox_tasks", "Unfinished tasks by state and topic.", []string{"state", "topic"}, nil)
+	descFinished       = prometheus.NewDesc("delaybridge_outbox_finished_tasks", "Finished tasks still kept, by state.", []string{"state"}, nil)
+	descOverdue        = prometheus.NewDesc("delaybridge_outbox_overdue_tasks", "Unfinished tasks (pending or published) more than the grace past due.", nil, nil)
+	descOverduePending = prometheus.NewDesc("delaybridge_outbox_overdue_pending_tasks",
+		"Pending tasks more than the grace past due: no relay publishes them (counted among the oldest 10,000).", nil, nil)
 	descOldest   = prometheus.NewDesc("delaybridge_outbox_oldest_pending_age_seconds", "Now minus the due time of the oldest pending task (0 when none or not due).", nil, nil)
 	descUp       = prometheus.NewDesc("delaybridge_outbox_up", "1 when the last scrape could read the outbox.", nil, nil)
 	descStatsAge = prometheus.NewDesc("delaybridge_outbox_stats_age_seconds", "Age of the background count the task and finished-task series come from (absent until one exists).", nil, nil)
 )
 
 func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTasks, descFinished, descOverdue, descOldest, descUp, descStatsAge} {
+	for _, d := range []*prometheus.Desc{descTasks, descFinished, descOverdue, descOverduePending, descOldest, descUp, descStatsAge} {
 		ch <- d
 	}
 }
@@ -171,9 +176,51 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descFinished, prometheus.GaugeValue, float64(st.Cancelled), "cancelled")
 	}
 	ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.GaugeValue, float64(st.Overdue))
+	ch <- prometheus.MustNewConstMetric(descOverduePending, prometheus.GaugeValue, float64(st.OverduePending))
 	age := 0.0
 	if !st.OldestPendingDue.IsZero() && now.After(st.OldestPendingDue) {
 		age = now.Sub(st.OldestPendingDue).Seconds()
 	}
 	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, age)
+}
+
+var (
+	descLive = prometheus.NewDesc("delaybridge_live_processes",
+		"Relays and consumers whose presence heartbeat in the outbox's database is live, by role.", []string{"role"}, nil)
+	descMismatches = prometheus.NewDesc("delaybridge_topology_mismatches",
+		"Broker settings that differ between live relays and consumers (prefix, group, ladder): their tasks sit in queues nobody reads.", nil, nil)
+)
+
+// presenceCollector exports what the presence table says at scrape time:
+// live processes by role (a relay whose pending tasks go past due with
+// none live is stuck) and topology mismatches. It reads one small table.
+type presenceCollector struct {
+	db  *sql.DB
+	log *slog.Logger
+}
+
+func (c *presenceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descLive
+	ch <- descMismatches
+}
+
+func (c *presenceCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	live, err := outbox.LivePresences(ctx, c.db, presenceExpiry)
+	if err != nil {
+		// delaybridge_outbox_up already reports an unreadable outbox.
+		c.log.Warn("delaybridge metrics: reading the live processes failed", "err", err)
+		return
+	}
+	n := map[outbox.Role]int{outbox.RoleRelay: 0, outbox.RoleConsumer: 0}
+	for _, p := range live {
+		if _, ok := n[p.Role]; ok {
+			n[p.Role]++
+		}
+	}
+	for role, k := range n {
+		ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(k), string(role))
+	}
+	ch <- prometheus.MustNewConstMetric(descMismatches, prometheus.GaugeValue, float64(len(outbox.TopologyMismatches(live))))
 }

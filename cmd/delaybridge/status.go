@@ -27,10 +27,16 @@ func newStatusCmd(a *app) *cobra.Command {
 		Use:   "status",
 		Short: "Show the outbox backlog, overdue and dead tasks, and recent lateness",
 		Long: `status shows the outbox backlog by state and topic, the finished tasks kept,
-the oldest pending task, overdue and dead tasks, and recent lateness. It names
-the topics with overdue tasks and no live consumer: consumers announce
-themselves in the database (outbox.Announce), so a topic listed there has no
-consumer running, or one whose broker prefix or group differs from the relay's.
+the oldest pending task, overdue and dead tasks, and recent lateness. A task
+is overdue once it is past due by --grace and not finished (pending or
+published). Relays and consumers announce themselves in the database
+(outbox.Announce), so status also says:
+
+  NO CONSUMER        a topic has overdue published tasks and no live consumer
+  NO RELAY           pending tasks are past due and no relay is live
+  RELAY BEHIND       pending tasks are past due though a relay is live
+  TOPOLOGY MISMATCH  live relays or consumers use different broker settings
+                     (prefix, group, ladder): tasks sit in queues nobody reads
 
 Counting tasks by state and topic reads the whole table, so the counts come from
 a summary that ` + "`delaybridge run`" + ` refreshes in the background (every
@@ -72,10 +78,14 @@ naming it. A shard it cannot read is reported and the others still are.`,
 			if err != nil {
 				return err
 			}
+			procs, err := readProcesses(ctx, db, st)
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed})
+				return enc.Encode(statusReport{statusJSON: statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed}, processes: procs})
 			}
 			if name := shardOf(ctx); name != "" {
 				fmt.Fprintf(a.stdout, "== shard %s\n", name)
@@ -89,23 +99,29 @@ naming it. A shard it cannot read is reported and the others still are.`,
 				}
 				sort.Strings(topics)
 				for _, t := range topics {
-					fmt.Fprintf(w, "%s\t%s\t%d\n", state, printable(t), st.Backlog[state][t])
+					// A row inserted by hand may hold any state: quoted when
+					// it is not printable, so it cannot drive the terminal.
+					fmt.Fprintf(w, "%s\t%s\t%d\n", printable(string(state)), printable(t), st.Backlog[state][t])
 				}
 			}
 			fmt.Fprintf(w, "done\t*\t%d\ncancelled\t*\t%d\n", st.Done, st.Cancelled)
 			w.Flush()
 			oldest := "none"
 			if !st.OldestPendingDue.IsZero() {
-				oldest = fmt.Sprintf("%s (%s ago)", st.OldestPendingDue.Format(time.RFC3339), now.Sub(st.OldestPendingDue).Round(time.Second))
+				oldest = fmt.Sprintf("%s (%s)", st.OldestPendingDue.Format(time.RFC3339), fmtAgo(now, st.OldestPendingDue))
 			}
 			if st.Live {
 				fmt.Fprintln(a.stdout, "counts: counted live now (no summary from `delaybridge run` yet, or --live)")
 			} else {
 				fmt.Fprintf(a.stdout, "counts: as of %s (%s ago; `delaybridge run` refreshes them)\n",
-					st.CountsAt.Format(time.RFC3339), st.CountsAge.Round(time.Second))
+					st.CountsAt.Format(time.RFC3339), humanDur(st.CountsAge))
 			}
-			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (published, > %v past due): %d\ndead: %d\n", oldest, grace, st.Overdue, st.Dead)
+			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (pending or published, > %s past due): %d (%d pending)\ndead: %d\n",
+				oldest, humanDur(grace), st.Overdue, st.OverduePending, st.Dead)
 			printUnconsumed(a.stdout, unconsumed)
+			for _, l := range procs.lines() {
+				fmt.Fprintln(a.stdout, l)
+			}
 			l := st.Lateness
 			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
 			return nil
@@ -114,7 +130,7 @@ naming it. A shard it cannot read is reported and the others still are.`,
 	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary that delaybridge run keeps (slow on a large outbox)")
-	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due a published task counts as overdue (0 or more)")
+	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due an unfinished task counts as overdue (0 or more)")
 	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary (0 = no summary)")
 	return cmd
 }
@@ -133,4 +149,64 @@ func tableStates(backlog map[outbox.State]map[string]int) []outbox.State {
 	}
 	slices.Sort(other)
 	return append(states, other...)
+}
+
+// processes is what the live presences say about one outbox's relays and
+// consumers, beside its overdue counts: the signals status, doctor, the
+// console and /metrics give when work is stuck for want of a process.
+type processes struct {
+	// LiveRelays and LiveConsumers count the live presences by role.
+	LiveRelays    int `json:"live_relays"`
+	LiveConsumers int `json:"live_consumers"`
+	// OverduePending is Stats.OverduePending: pending tasks past due by
+	// the grace.
+	OverduePending int `json:"-"`
+	// NoRelay is set when pending tasks are past due and no relay is live.
+	NoRelay bool `json:"no_live_relay"`
+	// Mismatches are outbox.TopologyMismatches of the live processes.
+	Mismatches []string `json:"topology_mismatches"`
+}
+
+// statusReport is status --json: statusJSON and the processes' signals.
+type statusReport struct {
+	statusJSON
+	processes
+}
+
+// readProcesses reads the live presences and weighs them against st.
+func readProcesses(ctx context.Context, q outbox.Querier, st *outbox.Stats) (processes, error) {
+	live, err := outbox.LivePresences(ctx, q, presenceExpiry)
+	if err != nil {
+		return processes{}, err
+	}
+	p := processes{OverduePending: st.OverduePending, Mismatches: outbox.TopologyMismatches(live)}
+	if p.Mismatches == nil {
+		p.Mismatches = []string{}
+	}
+	for _, pr := range live {
+		switch pr.Role {
+		case outbox.RoleRelay:
+			p.LiveRelays++
+		case outbox.RoleConsumer:
+			p.LiveConsumers++
+		}
+	}
+	p.NoRelay = p.OverduePending > 0 && p.LiveRelays == 0
+	return p, nil
+}
+
+// lines are the processes' signals in words, one a line, none when all
+// is well.
+func (p processes) lines() []string {
+	var out []string
+	switch {
+	case p.NoRelay:
+		out = append(out, fmt.Sprintf("NO RELAY: %d pending tasks past due and no live relay (start `delaybridge run`)", p.OverduePending))
+	case p.OverduePending > 0:
+		out = append(out, fmt.Sprintf("RELAY BEHIND: %d pending tasks past due though %d relay(s) are live: its publishes fail or it is behind (see its log)", p.OverduePending, p.LiveRelays))
+	}
+	for _, m := range p.Mismatches {
+		out = append(out, "TOPOLOGY MISMATCH: "+printable(m)+": tasks may sit in queues nobody reads")
+	}
+	return out
 }
