@@ -214,6 +214,7 @@ type console struct {
 	probe    time.Duration
 	now      func() time.Time
 	pages    map[string]*template.Template
+	logins   *loginThrottle // nil: guard makes one
 
 	// doctor holds the last run of doctor's checks; runs owns the
 	// goroutine of one in progress, which Close stops and waits for.
