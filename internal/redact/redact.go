@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -40,8 +42,12 @@ func Scrub(err error, secrets ...string) error {
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		msg = strings.ReplaceAll(msg, ue.Error(), fmt.Sprintf("%s %q: malformed URL", ue.Op, redacturl.Hide(ue.URL)))
 	}
-	for _, s := range secretParts(secrets) {
+	wholes, passwords := secretParts(secrets)
+	for _, s := range wholes {
 		msg = strings.ReplaceAll(msg, s, "(redacted)")
+	}
+	for _, p := range passwords {
+		msg = replaceToken(msg, p, "(redacted)")
 	}
 	if msg == err.Error() {
 		return err
@@ -53,34 +59,70 @@ func Scrub(err error, secrets ...string) error {
 // %q would print it, longest first so a whole DSN is replaced before its
 // password. A password is taken both from a successful parse and from the
 // text's structure (between "://" and the last '@', after the first ':'),
-// so a DSN or URL that does not parse still has its password found.
-func secretParts(secrets []string) []string {
-	var out []string
-	add := func(s string) {
+// so a DSN or URL that does not parse still has its password found. The
+// passwords come apart from the secrets: a secret is hidden wherever it
+// stands, a password only as a whole token (replaceToken), so a short
+// password does not eat the database name it is part of.
+func secretParts(secrets []string) (wholes, passwords []string) {
+	add := func(out *[]string, s string) {
 		q := strconv.Quote(s)
 		for _, v := range []string{s, q[1 : len(q)-1]} {
-			if v != "" && !slices.Contains(out, v) {
-				out = append(out, v)
+			if v != "" && !slices.Contains(*out, v) {
+				*out = append(*out, v)
 			}
 		}
 	}
 	for _, s := range secrets {
-		add(s)
-		add(structuralPassword(s))
+		add(&wholes, s)
+		add(&passwords, structuralPassword(s))
 		if cfg, err := mysql.ParseDSN(s); err == nil {
-			add(cfg.Passwd)
+			add(&passwords, cfg.Passwd)
 		}
 		if u, err := url.Parse(s); err == nil && u.User != nil {
 			if p, ok := u.User.Password(); ok {
-				add(p)
-				add(url.QueryEscape(p))
-				add(url.PathEscape(p))
+				add(&passwords, p)
+				add(&passwords, url.QueryEscape(p))
+				add(&passwords, url.PathEscape(p))
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out
+	longestFirst := func(a, b string) int { return len(b) - len(a) }
+	slices.SortFunc(wholes, longestFirst)
+	slices.SortFunc(passwords, longestFirst)
+	return wholes, passwords
 }
+
+// replaceToken replaces every occurrence of tok in s that stands as a
+// whole token: one that does not run on into a letter, a digit or '_'
+// where tok's own edge is one. So password "x" is hidden in "u:x@tcp" and
+// "password x", and left alone in "'x_nope'" or "xylophone".
+func replaceToken(s, tok, with string) string {
+	first, _ := utf8.DecodeRuneInString(tok)
+	last, _ := utf8.DecodeLastRuneInString(tok)
+	var b strings.Builder
+	for {
+		i := strings.Index(s, tok)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		before, _ := utf8.DecodeLastRuneInString(s[:i])
+		after, _ := utf8.DecodeRuneInString(s[i+len(tok):])
+		whole := !(i > 0 && isWord(first) && isWord(before)) && !(i+len(tok) < len(s) && isWord(last) && isWord(after))
+		if !whole {
+			// On by one rune only: a whole occurrence may overlap this one.
+			_, n := utf8.DecodeRuneInString(s[i:])
+			b.WriteString(s[:i+n])
+			s = s[i+n:]
+			continue
+		}
+		b.WriteString(s[:i])
+		b.WriteString(with)
+		s = s[i+len(tok):]
+	}
+}
+
+func isWord(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
 
 // structuralPassword returns what stands where a DSN's or a URL's password
 // would, without parsing: after the first ':' of the text before the last
