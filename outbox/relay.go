@@ -88,6 +88,18 @@ type RelayConfig struct {
 	// PublishTimeout plus 10 s (the time its outcome may take to record)
 	// where that is longer.
 	Lease time.Duration
+	// Topics, when not empty, lists the only topics the relay publishes:
+	// a row of any other goes dead ("topic refused: …") without reaching
+	// the broker, where every topic costs a queue (docs/brokers.md). With
+	// Topics set, MaxTopics does not apply.
+	Topics []string
+	// MaxTopics bounds the distinct topics the relay publishes since it
+	// started: a row of a topic past it goes dead ("topic refused: …")
+	// without reaching the broker, so a producer writing ever new topics
+	// cannot make the broker hold a queue for each. A restart counts
+	// afresh; Topics is the firm bound. Default DefaultMaxTopics; negative
+	// means no bound.
+	MaxTopics int
 	// Hooks are metric callbacks; any may be nil.
 	Hooks RelayHooks
 	// Logger receives the relay's logs. Default slog.Default().
@@ -147,6 +159,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.MaxBatchBytes <= 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
+	if c.MaxTopics == 0 {
+		c.MaxTopics = DefaultMaxTopics
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -186,6 +201,11 @@ const (
 	// DefaultMaxBatchBytes is 64 MiB: a batch of 1,000 tasks of 64 KiB
 	// each, or 16 of the largest payloads Schedule accepts.
 	DefaultMaxBatchBytes = 64 << 20
+	// DefaultMaxTopics: a relay publishes at most 64 topics unless told
+	// otherwise. On RabbitMQ each is a quorum queue, a few file handles
+	// and some memory on every node; 200 topics written in 2 s took all
+	// of a node's file handles (ulimit -n 1024).
+	DefaultMaxTopics = 64
 )
 
 // Relay moves pending tasks into a broker. It leases a batch of rows in a
@@ -211,7 +231,44 @@ type Relay struct {
 	resume resumePoint
 	// busy is set by a Nudge and by a claim that took rows, and cleared by
 	// the probe's next look: the relay is not quiet.
-	busy atomic.Bool
+	busy   atomic.Bool
+	topics topicGate
+}
+
+// topicGate decides which topics a relay publishes: those of its
+// allow-list, or the first max it meets.
+type topicGate struct {
+	allowed map[string]bool // RelayConfig.Topics; nil: any, up to max
+	max     int             // negative: no bound
+	mu      sync.Mutex
+	seen    map[string]bool // the topics admitted under max
+}
+
+// refuse says why a row of topic is not published, "" when it is. A
+// topic is admitted for good the first time it is not refused.
+func (g *topicGate) refuse(topic string) string {
+	switch {
+	case g.allowed != nil:
+		if g.allowed[topic] {
+			return ""
+		}
+		return fmt.Sprintf("topic refused: %q is not one of the relay's topics (RelayConfig.Topics, delaybridge run --relay-topics)", topic)
+	case g.max < 0:
+		return ""
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.seen[topic] {
+		return ""
+	}
+	if len(g.seen) >= g.max {
+		return fmt.Sprintf("topic refused: %q is past the %d topics the relay publishes at most (RelayConfig.MaxTopics, delaybridge run --relay-max-topics); every topic costs the broker a queue", topic, g.max)
+	}
+	if g.seen == nil {
+		g.seen = map[string]bool{}
+	}
+	g.seen[topic] = true
+	return ""
 }
 
 // resumePoint is where the claim loops of a relay draining a backlog claim
@@ -241,7 +298,15 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}, nil
+	r := &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}
+	r.topics.max = cfg.MaxTopics
+	if len(cfg.Topics) > 0 {
+		r.topics.allowed = map[string]bool{}
+		for _, t := range cfg.Topics {
+			r.topics.allowed[t] = true
+		}
+	}
+	return r, nil
 }
 
 // Check reports what NewRelay would refuse in c on a publisher with these
@@ -288,6 +353,11 @@ func (c RelayConfig) resolve(limits broker.Limits) (RelayConfig, error) {
 	}
 	if cfg.Lease <= cfg.PublishTimeout {
 		return cfg, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
+	}
+	for _, t := range cfg.Topics {
+		if err := broker.ValidateTopic(t); err != nil {
+			return cfg, fmt.Errorf("outbox: NewRelay: Topics: %w", err)
+		}
 	}
 	return cfg, nil
 }
@@ -516,11 +586,11 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	r.ahead.Store(r.cfg.Pace > 0 && batch[0].Message.DeliverAt.Sub(now) > r.leisure())
 
 	// A row no broker would carry (written by hand or by another program:
-	// a due time of 0, a key too long, a payload no consumer takes) goes
-	// dead with the reason at once;
-	// it must not be retried forever nor hold up the rows beside it.
+	// a due time of 0, a key too long, a payload no consumer takes) or of
+	// a topic the relay does not publish goes dead with the reason at
+	// once; it must not be retried forever nor hold up the rows beside it.
 	claimed := len(batch)
-	batch, invalid := splitInvalid(batch)
+	batch, invalid := r.splitInvalid(batch)
 	if len(invalid) > 0 || len(batch) == 0 {
 		// Marked dead under the lease, which must be in first.
 		if err := committed(); err != nil {
@@ -536,7 +606,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 			deadErr = errors.Join(deadErr, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err))
 			continue
 		}
-		r.cfg.Logger.Error("delaybridge relay: a row no broker can carry; marked dead", "rows", len(rows), "reason", reason)
+		r.cfg.Logger.Error("delaybridge relay: rows the relay does not publish; marked dead", "rows", len(rows), "reason", reason)
 		if r.cfg.Hooks.Dead != nil {
 			r.cfg.Hooks.Dead(len(rows))
 		}
@@ -652,10 +722,10 @@ func (r *Relay) rescan() time.Duration {
 	return r.cfg.IdleMax
 }
 
-// splitInvalid takes out of batch the rows no broker carries to a
-// consumer, grouped by the reason: a message that fails Validate, a
-// payload larger than any consumer accepts.
-func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[string][]store.Claimed) {
+// splitInvalid takes out of batch the rows the relay must not publish,
+// grouped by the reason: a message that fails Validate, a payload larger
+// than any consumer accepts, a topic the relay does not publish.
+func (r *Relay) splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[string][]store.Claimed) {
 	valid = batch[:0:0]
 	for _, c := range batch {
 		reason := ""
@@ -667,6 +737,8 @@ func splitInvalid(batch []store.Claimed) (valid []store.Claimed, invalid map[str
 			// row, so published it would be rescued for ever: a foreign
 			// producer's row, as Schedule refuses far less.
 			reason = fmt.Sprintf("invalid row: payload of %d bytes, more than the %d a consumer accepts", len(c.Message.Payload), broker.MaxBody)
+		default:
+			reason = r.topics.refuse(c.Message.Topic)
 		}
 		if reason != "" {
 			if invalid == nil {
