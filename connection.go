@@ -148,7 +148,7 @@ func (c Config) closeLogged(what string, cl interface{ Close() error }) {
 }
 
 // MySQLConfig parses MySQLDSN and applies MySQLTLS. parseTime is on unless
-// the DSN says otherwise. An empty DSN is a *NotConfiguredError, not the
+// the DSN says otherwise. A DSN without a database name is an error. An empty DSN is a *NotConfiguredError, not the
 // driver's defaults: a daemon must not quietly try root@127.0.0.1 against
 // whatever database answers.
 func (c Config) MySQLConfig() (*mysql.Config, error) {
@@ -162,6 +162,11 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 	cfg, err := mysql.ParseDSN(c.MySQLDSN)
 	if err != nil {
 		return nil, fmt.Errorf("--mysql-dsn %s: %w; %s", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN), DSNFormHint(c.MySQLDSN))
+	}
+	if cfg.DBName == "" {
+		// The driver connects without one, and every statement on the
+		// outbox table then fails with "No database selected".
+		return nil, fmt.Errorf("--mysql-dsn %s names no database: the outbox table lives in one; want the go-sql-driver form %s", redact.DSN(c.MySQLDSN), dsnForm)
 	}
 	if !strings.Contains(c.MySQLDSN, "parseTime=") {
 		cfg.ParseTime = true
