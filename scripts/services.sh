@@ -287,7 +287,11 @@ rabbit_up() {
 		chown rabbitmq:rabbitmq /var/log/rabbitmq
 		# The Debian wrapper switches to the rabbitmq user; the node runs in the
 		# foreground of this detached session, its output in the startup log.
-		nohup setsid rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1 &
+		# It inherits the open-files limit raised in this subshell.
+		(
+			rabbit_nofile
+			exec nohup setsid rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1
+		) &
 		wait_for RabbitMQ "$START_TIMEOUT" port_open 5672 || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
 		rabbitmqctl -q await_startup --timeout 60 >/dev/null || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
 		wait_for RabbitMQ 30 port_open 5671 || fail "RabbitMQ (TLS listener on 5671)" "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
@@ -307,8 +311,53 @@ rabbit_up() {
 	local prefetch
 	prefetch=$(rabbitmqctl -q eval 'application:get_env(rabbit, dead_letter_worker_consumer_prefetch).')
 	log "RabbitMQ $(rabbitmqctl -q eval 'rabbit_misc:version().' | tr -d '"'), dead_letter_worker_consumer_prefetch $prefetch"
+	rabbit_check_nofile
 	rabbit_delayed_plugin
 	timing "setup rabbitmq" "$(elapsed "$t0")"
+}
+
+# RabbitMQ recommends at least 65536 open files. Each quorum queue takes
+# about three, and a node left at 1024 stopped accepting connections after a
+# few hundred topic queues.
+RABBIT_NOFILE=65536
+
+# rabbit_nofile_target prints the open-files limit rabbit_nofile sets:
+# RABBIT_NOFILE, or the hard limit where that is lower and cannot be raised
+# (a container without CAP_SYS_RESOURCE).
+rabbit_nofile_target() {
+	local hard
+	hard=$(ulimit -Hn)
+	if [[ $hard == unlimited ]] || ((hard >= RABBIT_NOFILE)) || (ulimit -Hn "$RABBIT_NOFILE") 2>/dev/null; then
+		echo "$RABBIT_NOFILE"
+	else
+		echo "$hard"
+	fi
+}
+
+# rabbit_nofile sets this shell's open-files limit for the node it starts.
+rabbit_nofile() {
+	local want
+	want=$(rabbit_nofile_target)
+	if ((want < RABBIT_NOFILE)); then
+		log "RabbitMQ: the hard open-files limit is $want, under the $RABBIT_NOFILE RabbitMQ recommends; starting it with $want"
+	elif [[ $(ulimit -Hn) != unlimited ]] && (($(ulimit -Hn) < want)); then
+		ulimit -Hn "$want"
+	fi
+	ulimit -n "$want"
+}
+
+# rabbit_check_nofile says when the running node has fewer open files than
+# rabbit_nofile would give it: a node started before, or by something else.
+rabbit_check_nofile() {
+	local pid limit want
+	pid=$(rabbitmqctl -q eval 'list_to_integer(os:getpid()).' 2>/dev/null) || return 0
+	limit=$(awk '/^Max open files/ {print $4}' "/proc/$pid/limits" 2>/dev/null) || return 0
+	[[ -n "$limit" ]] || return 0
+	want=$(rabbit_nofile_target)
+	log "RabbitMQ: open-files limit $limit"
+	if [[ $limit != unlimited ]] && ((limit < want)); then
+		log "RabbitMQ runs with fewer open files than the $want it would be given: restart it (scripts/services.sh down rabbitmq; scripts/services.sh up)"
+	fi
 }
 
 # rabbit_delayed_plugin installs the delayed-message exchange plugin from
