@@ -143,30 +143,31 @@ func fmtAgo(now, t time.Time) string {
 	return humanDur(d) + " ago"
 }
 
-// humanDur writes d in the two largest units that matter, rounded: 250ms,
-// 42s, 58m53s, 5h3m, 3d5h, 77 days (not 1864h8m6.3s).
+// humanDur writes d in the two largest units that matter, rounded, a
+// second unit of zero left out: 250ms, 42s, 58m53s, 10m, 5h3m, 3d5h, 77
+// days (not 1864h8m6.3s).
 func humanDur(d time.Duration) string {
 	if d < 0 {
 		return "-" + humanDur(-d)
 	}
 	const day = 24 * time.Hour
+	two := func(n int64, big, small string, per int64) string {
+		if n%per == 0 {
+			return fmt.Sprintf("%d%s", n/per, big)
+		}
+		return fmt.Sprintf("%d%s%d%s", n/per, big, n%per, small)
+	}
 	switch {
 	case d < time.Second-time.Millisecond/2:
 		return d.Round(time.Millisecond).String()
 	case d < time.Minute-time.Second/2:
 		return fmt.Sprintf("%ds", (d+time.Second/2)/time.Second)
 	case d < time.Hour-time.Second/2:
-		s := (d + time.Second/2) / time.Second
-		return fmt.Sprintf("%dm%ds", s/60, s%60)
+		return two(int64((d+time.Second/2)/time.Second), "m", "s", 60)
 	case d < day-time.Minute/2:
-		m := (d + time.Minute/2) / time.Minute
-		return fmt.Sprintf("%dh%dm", m/60, m%60)
+		return two(int64((d+time.Minute/2)/time.Minute), "h", "m", 60)
 	case d < 10*day-time.Hour/2:
-		h := (d + time.Hour/2) / time.Hour
-		if h%24 == 0 {
-			return fmt.Sprintf("%dd", h/24)
-		}
-		return fmt.Sprintf("%dd%dh", h/24, h%24)
+		return two(int64((d+time.Hour/2)/time.Hour), "d", "h", 24)
 	}
 	return fmt.Sprintf("%d days", (d+day/2)/day)
 }

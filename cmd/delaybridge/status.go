@@ -123,7 +123,7 @@ naming it. A shard it cannot read is reported and the others still are.`,
 				fmt.Fprintln(a.stdout, l)
 			}
 			l := st.Lateness
-			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %v: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, window, l.P50, l.P90, l.P99, l.Max)
+			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %s: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, humanDur(window), l.P50, l.P90, l.P99, l.Max)
 			return nil
 		}),
 	}
