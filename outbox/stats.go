@@ -92,8 +92,8 @@ const (
 	// background count still costs the database at most a tenth of a core.
 	statsIdleFactor = 10
 	// overdueScan bounds the tasks past due of each state that ReadStats
-	// looks at; most rows in that range should not exist, and when they do (a
-	// consumer down for hours), the summary's count serves.
+	// looks at; most rows in that range should not exist, and when they
+	// do (a consumer down for hours), the summary's count serves.
 	overdueScan = 10000
 	// latenessSamples bounds the done tasks the lateness summary reads, the
 	// newest due first: each sample is a primary-key lookup.
@@ -110,8 +110,8 @@ var ErrNotMigrated = errors.New("outbox: the database is not migrated to this ve
 // the table: the counts come from the summary RefreshStats last wrote (zero
 // CountsAt when there is none; see CountStats), the rest from ranges of the
 // (state, due_ms) index that stop at a fixed number of rows. grace is how
-// far past due an unfinished task must be to count as overdue; window is how far
-// back done tasks feed the lateness summary, and 0 skips it.
+// far past due an unfinished task must be to count as overdue; window is
+// how far back done tasks feed the lateness summary, and 0 skips it.
 func ReadStats(ctx context.Context, q Querier, now time.Time, grace, window time.Duration) (*Stats, error) {
 	st := &Stats{Backlog: map[State]map[string]int{}}
 	// One statement, so the counts and their time come from one refresh.
