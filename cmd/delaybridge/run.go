@@ -38,6 +38,8 @@ func newRunCmd(a *app) *cobra.Command {
 		drain     time.Duration
 		pubWait   time.Duration
 		maxBytes  int64
+		topics    []string
+		maxTopics int
 		statsEach time.Duration
 		mTopics   int
 		shardName string
@@ -86,7 +88,7 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			relayCfg := outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Logger: a.log}
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Topics: topics, MaxTopics: maxTopics, Logger: a.log}
 			if err := relayCfg.Check(broker.Limits{}); err != nil {
 				return fmt.Errorf("relay settings (--lookahead, --relay-*, --publish-timeout): %w", err)
 			}
@@ -202,6 +204,8 @@ back (up to --drain) and exits 0.`,
 	f.IntVar(&mTopics, "metrics-topics", maxTopicSeries, "the most topics /metrics reports each state's tasks for; the rest are summed under topic=\"(other)\"")
 	f.StringVar(&shardName, "shard-name", "", "the outbox shard this daemon serves, for a sharded database (one daemon per shard, see docs/deployment.md): labels its logs and every metric shard=NAME")
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
+	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics the relay publishes, comma-separated; a row of another goes dead (default: any, up to --relay-max-topics; see docs/brokers.md)")
+	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "the most distinct topics the relay publishes since it started; a row of a topic past it goes dead (-1 = no bound; see docs/brokers.md)")
 	return cmd
 }
 
