@@ -347,19 +347,20 @@ func (c *Consumer) worker() {
 			c.drainWork()
 			return
 		case j := <-c.work:
-			if c.cfg.Group == nil || !c.ready(j) {
+			if !c.groupable(j) {
 				c.process(j)
 				continue
 			}
-			// Deliveries that are not ready (early, undecodable) are set
-			// aside until the group is done: a hop or a dead letter waits
-			// on the broker, and the group's messages are due already.
+			// Deliveries that are not ready (early, undecodable) or whose
+			// topic runs alone are set aside until the group is done: a
+			// hop or a dead letter waits on the broker, and the group's
+			// messages are due already.
 			batch, later := []job{j}, []job(nil)
 		fill:
 			for len(batch) < c.cfg.GroupSize && len(later) < c.cfg.GroupSize {
 				select {
 				case j2 := <-c.work:
-					if c.ready(j2) {
+					if c.groupable(j2) {
 						batch = append(batch, j2)
 					} else {
 						later = append(later, j2)
@@ -368,16 +369,57 @@ func (c *Consumer) worker() {
 					break fill
 				}
 			}
-			if len(batch) == 1 {
-				c.process(j)
-			} else {
-				c.processGroup(batch)
+			for _, g := range c.split(batch) {
+				if len(g) == 1 {
+					c.process(g[0])
+				} else {
+					c.processGroup(g)
+				}
 			}
 			for _, j := range later {
 				c.process(j)
 			}
 		}
 	}
+}
+
+// groupable reports whether j may go into a group: there is a group
+// handler, j is ready, and its topic does not run alone.
+func (c *Consumer) groupable(j job) bool {
+	return c.cfg.Group != nil && c.ready(j) && c.cfg.policy(j.topic).GroupSize > 1
+}
+
+// split cuts batch into groups that keep each topic's policy: no more of
+// a topic's messages in one group than its GroupSize, and only topics of
+// one HandlerTimeout together, which then bounds the group. Without
+// topic policies it is batch itself.
+func (c *Consumer) split(batch []job) [][]job {
+	if len(c.cfg.Topics) == 0 {
+		return [][]job{batch}
+	}
+	type group struct {
+		timeout time.Duration
+		n       map[string]int
+		jobs    []job
+	}
+	var gs []*group
+next:
+	for _, j := range batch {
+		p := c.cfg.policy(j.topic)
+		for _, g := range gs {
+			if g.timeout == p.HandlerTimeout && g.n[j.topic] < p.GroupSize {
+				g.n[j.topic]++
+				g.jobs = append(g.jobs, j)
+				continue next
+			}
+		}
+		gs = append(gs, &group{timeout: p.HandlerTimeout, n: map[string]int{j.topic: 1}, jobs: []job{j}})
+	}
+	out := make([][]job, len(gs))
+	for i, g := range gs {
+		out[i] = g.jobs
+	}
+	return out
 }
 
 // ready reports whether j can go to the handler right now: decoded, due,
@@ -397,7 +439,7 @@ func (c *Consumer) processGroup(batch []job) {
 	}
 	var errs []error
 	start := time.Now()
-	err := c.guard(batch[0].topic, fmt.Sprintf("a group of %d", len(msgs)), func(ctx context.Context) error {
+	err := c.guard(batch[0].topic, c.cfg.policy(batch[0].topic).HandlerTimeout, fmt.Sprintf("a group of %d", len(msgs)), func(ctx context.Context) error {
 		var err error
 		errs, err = c.cfg.Group(ctx, msgs)
 		if err == nil && len(errs) != len(msgs) {
@@ -405,6 +447,24 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 		return err
 	})
+	// What the group handler learnt of each message: the attempt its
+	// store counts (see Message.Attempt), and whether it ran in a
+	// transaction that was rolled back. An abandoned group may still be
+	// writing msgs: each of its messages may have run.
+	for i, j := range batch {
+		m := j.d.Message
+		if errors.Is(err, ErrHandlerStuck) {
+			m.Rerun = true
+			continue
+		}
+		if msgs[i].Attempt >= 0 {
+			m.Attempt = msgs[i].Attempt
+		}
+		m.Rerun = msgs[i].Rerun
+		if err == nil && m.Rerun && !errors.Is(errs[i], ErrHandleAlone) && c.cfg.Hooks.Rerun != nil {
+			c.cfg.Hooks.Rerun(j.topic)
+		}
+	}
 	// The messages the group left out (ErrHandleAlone) run one at a time
 	// after it, so a row another transaction holds keeps waiting only the
 	// message whose row it is.

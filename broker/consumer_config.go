@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sort"
 	"strings"
 	"time"
 )
@@ -49,6 +51,29 @@ type Hooks struct {
 	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace);
 	// for a group, with the topic of its first message.
 	Stuck func(topic string)
+	// Rerun is called each time a handler runs again for a message whose
+	// earlier run of the same attempt was rolled back with its group
+	// (Message.Rerun). Its outcome is reported by Settled as usual.
+	Rerun func(topic string)
+}
+
+// TopicPolicy is how the runtime runs the messages of one topic
+// (ConsumerConfig.Topics). A zero field keeps the consumer-wide value.
+type TopicPolicy struct {
+	// GroupSize bounds how many of the topic's messages one group
+	// holds. 1 never puts them in a group: each runs alone, in a
+	// transaction of its own, so another message's failure never runs
+	// its handler again. Use it for a handler that calls out.
+	GroupSize int
+	// MaxAttempts is how many times the handler runs before the message
+	// goes to dead.
+	MaxAttempts int
+	// Backoff is the retry delay; each zero field keeps the
+	// consumer-wide one.
+	Backoff Backoff
+	// HandlerTimeout bounds one handler run. A group holds only messages
+	// of topics with the same timeout, and the timeout bounds the group.
+	HandlerTimeout time.Duration
 }
 
 // ConsumerConfig configures a Consumer. Every zero value means the default
@@ -100,6 +125,9 @@ type ConsumerConfig struct {
 	Group GroupHandler
 	// GroupSize bounds one group. Default DefaultGroupSize.
 	GroupSize int
+	// Topics sets, by topic, a policy that overrides GroupSize,
+	// MaxAttempts, Backoff and HandlerTimeout for that topic's messages.
+	Topics map[string]TopicPolicy
 	// Hooks are metric callbacks.
 	Hooks Hooks
 	// Logger receives the runtime's logs. Default slog.Default().
@@ -171,15 +199,29 @@ func (c ConsumerConfig) Check() error {
 	negD("MaxDelay", c.MaxDelay)
 	negD("Backoff.Initial", c.Backoff.Initial)
 	negD("Backoff.Max", c.Backoff.Max)
-	b := c.Backoff
-	if b.Multiplier != 0 && b.Multiplier < 1 {
-		bad = append(bad, fmt.Sprintf("Backoff.Multiplier %v would shrink the delay; want at least 1 (0 for the default, 2)", b.Multiplier))
+	bad = append(bad, c.Backoff.problems("Backoff")...)
+	topics := make([]string, 0, len(c.Topics))
+	for t := range c.Topics {
+		topics = append(topics, t)
 	}
-	if b.Jitter < 0 || b.Jitter > 1 {
-		bad = append(bad, fmt.Sprintf("Backoff.Jitter %v is a fraction of the delay; want 0 to 1 (0 for the default, 0.5)", b.Jitter))
-	}
-	if b.Max > 0 && b.Initial > b.Max {
-		bad = append(bad, fmt.Sprintf("Backoff.Max %v is below Backoff.Initial %v", b.Max, b.Initial))
+	sort.Strings(topics)
+	for _, t := range topics {
+		p := c.Topics[t]
+		if err := ValidateTopic(t); err != nil {
+			bad = append(bad, fmt.Sprintf("Topics: %v", err))
+			continue
+		}
+		neg("Topics["+t+"].GroupSize", int64(p.GroupSize))
+		neg("Topics["+t+"].MaxAttempts", int64(p.MaxAttempts))
+		negD("Topics["+t+"].HandlerTimeout", p.HandlerTimeout)
+		negD("Topics["+t+"].Backoff.Initial", p.Backoff.Initial)
+		negD("Topics["+t+"].Backoff.Max", p.Backoff.Max)
+		if b := p.Backoff.problems("Topics[" + t + "].Backoff"); len(b) > 0 {
+			bad = append(bad, b...)
+		} else if m := p.Backoff.or(c.Backoff.or(defaultBackoff)); m.Initial > m.Max {
+			// The topic's backoff as it runs: its fields over the consumer's.
+			bad = append(bad, fmt.Sprintf("Topics[%s].Backoff starts at %v, above its Max %v", t, m.Initial, m.Max))
+		}
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("broker: NewConsumer: ConsumerConfig: %s (zero means the default)", strings.Join(bad, "; "))
@@ -200,18 +242,7 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
-	if c.Backoff.Initial <= 0 {
-		c.Backoff.Initial = time.Second
-	}
-	if c.Backoff.Max <= 0 {
-		c.Backoff.Max = time.Hour
-	}
-	if c.Backoff.Multiplier < 1 {
-		c.Backoff.Multiplier = 2
-	}
-	if c.Backoff.Jitter <= 0 || c.Backoff.Jitter > 1 {
-		c.Backoff.Jitter = 0.5
-	}
+	c.Backoff = c.Backoff.or(defaultBackoff)
 	if c.HandlerTimeout <= 0 {
 		c.HandlerTimeout = DefaultHandlerTimeout
 	}
@@ -233,5 +264,61 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	// Each topic's policy in full, so the runtime reads one value.
+	topics := make(map[string]TopicPolicy, len(c.Topics))
+	for t, p := range c.Topics {
+		topics[t] = TopicPolicy{
+			GroupSize:      cmp.Or(p.GroupSize, c.GroupSize),
+			MaxAttempts:    cmp.Or(p.MaxAttempts, c.MaxAttempts),
+			Backoff:        p.Backoff.or(c.Backoff),
+			HandlerTimeout: cmp.Or(p.HandlerTimeout, c.HandlerTimeout),
+		}
+	}
+	c.Topics = topics
 	return c
+}
+
+// policy is how the runtime runs topic's messages: its TopicPolicy, or
+// the consumer-wide settings. c has its defaults.
+func (c *ConsumerConfig) policy(topic string) TopicPolicy {
+	if p, ok := c.Topics[topic]; ok {
+		return p
+	}
+	return TopicPolicy{GroupSize: c.GroupSize, MaxAttempts: c.MaxAttempts, Backoff: c.Backoff, HandlerTimeout: c.HandlerTimeout}
+}
+
+// defaultBackoff is the retry delay of a zero Backoff.
+var defaultBackoff = Backoff{Initial: time.Second, Max: time.Hour, Multiplier: 2, Jitter: 0.5}
+
+// or fills each zero (or, for Multiplier and Jitter, out of range) field
+// of b from d.
+func (b Backoff) or(d Backoff) Backoff {
+	if b.Initial <= 0 {
+		b.Initial = d.Initial
+	}
+	if b.Max <= 0 {
+		b.Max = d.Max
+	}
+	if b.Multiplier < 1 {
+		b.Multiplier = d.Multiplier
+	}
+	if b.Jitter <= 0 || b.Jitter > 1 {
+		b.Jitter = d.Jitter
+	}
+	return b
+}
+
+// problems says what is wrong with b, its fields named after name.
+func (b Backoff) problems(name string) []string {
+	var bad []string
+	if b.Multiplier != 0 && b.Multiplier < 1 {
+		bad = append(bad, fmt.Sprintf("%s.Multiplier %v would shrink the delay; want at least 1 (0 for the default, 2)", name, b.Multiplier))
+	}
+	if b.Jitter < 0 || b.Jitter > 1 {
+		bad = append(bad, fmt.Sprintf("%s.Jitter %v is a fraction of the delay; want 0 to 1 (0 for the default, 0.5)", name, b.Jitter))
+	}
+	if b.Max > 0 && b.Initial > b.Max {
+		bad = append(bad, fmt.Sprintf("%s.Max %v is below %s.Initial %v", name, b.Max, name, b.Initial))
+	}
+	return bad
 }

@@ -27,6 +27,12 @@ var (
 	// ErrRejected marks a message the broker refused for good (too large,
 	// delay beyond its limit); publishing it again would fail the same way.
 	ErrRejected = errors.New("rejected by broker")
+	// ErrHandlerFailed matches the reason a DeadLetter is given when the
+	// handler's own failure sent the message to dead: it failed on its
+	// last attempt, or permanently. The run that failed counts as an
+	// attempt (outbox.DeadLetter adds it to the task row); other reasons
+	// are about the delivery, not a handler run.
+	ErrHandlerFailed = errors.New("handler failed")
 	// ErrHandlerStuck means a handler kept running past its timeout and
 	// grace, ignoring its context, and the runtime abandoned it.
 	ErrHandlerStuck = errors.New("handler ignored its context and was abandoned")

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync/atomic"
@@ -11,15 +12,24 @@ import (
 // run calls the handler for m under guard.
 func (c *Consumer) run(m *Message) error {
 	mc := m.Clone()
-	return c.guard(m.Topic, "key "+m.Key, func(ctx context.Context) error { return c.h(ctx, mc) })
+	if m.Rerun && c.cfg.Hooks.Rerun != nil {
+		c.cfg.Hooks.Rerun(m.Topic)
+	}
+	err := c.guard(m.Topic, c.cfg.policy(m.Topic).HandlerTimeout, "key "+m.Key, func(ctx context.Context) error { return c.h(ctx, mc) })
+	// The attempt the handler's store counts decides retry or dead (see
+	// Message.Attempt); an abandoned handler may still be writing mc.
+	if !errors.Is(err, ErrHandlerStuck) && mc.Attempt >= 0 {
+		m.Attempt = mc.Attempt
+	}
+	return err
 }
 
 // guard runs f on a goroutine of its own with the handler timeout, turning
 // a panic into an error. When f outlives its timeout by HandlerGrace, guard
 // abandons it and returns ErrHandlerStuck; f's goroutine stays counted in
 // wg and Stuck until it returns.
-func (c *Consumer) guard(topic, what string, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(c.hardCtx, c.cfg.HandlerTimeout)
+func (c *Consumer) guard(topic string, timeout time.Duration, what string, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(c.hardCtx, timeout)
 	done := make(chan error, 1)
 	var abandoned atomic.Bool
 	start := time.Now()
@@ -71,11 +81,11 @@ func (c *Consumer) guard(topic, what string, f func(ctx context.Context) error) 
 	default:
 	}
 	c.log.Error("delaybridge: handler ignored its context; abandoning it and freeing its worker",
-		"topic", topic, "handling", what, "timeout", c.cfg.HandlerTimeout, "grace", c.cfg.HandlerGrace, "stuck", c.stuck.Load())
+		"topic", topic, "handling", what, "timeout", timeout, "grace", c.cfg.HandlerGrace, "stuck", c.stuck.Load())
 	if c.cfg.Hooks.Stuck != nil {
 		c.cfg.Hooks.Stuck(topic)
 	}
-	return fmt.Errorf("%w: still running %v after its %v timeout", ErrHandlerStuck, c.cfg.HandlerGrace, c.cfg.HandlerTimeout)
+	return fmt.Errorf("%w: still running %v after its %v timeout", ErrHandlerStuck, c.cfg.HandlerGrace, timeout)
 }
 
 // Stuck returns how many abandoned handlers are still running: each ran

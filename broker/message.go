@@ -58,7 +58,17 @@ type Message struct {
 	// 0 for the first publish, one more for each further hop.
 	Hop int
 	// Attempt counts failed handler runs: 0 until the handler first fails.
+	// A Handler that keeps its own count may set it on the message it is
+	// given; the runtime then decides retry or dead by that count, not by
+	// the one the message arrived with. outbox.Handle sets the task row's,
+	// so a forged message cannot spend or restore a task's attempts.
 	Attempt int
+	// Rerun is true when the handler already ran for this attempt in a
+	// transaction that was rolled back: a group in which another message
+	// failed. Work the handler did outside that transaction (an HTTP call,
+	// an e-mail) may have happened already. It does not travel through the
+	// broker.
+	Rerun bool
 	// Generation is the task's generation when the message was published;
 	// rescheduling a task bumps it so older messages are skipped.
 	Generation int64

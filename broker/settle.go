@@ -49,9 +49,9 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 		m.DeliverAt = MillisUTC(now.Add(early.Remaining + time.Millisecond))
 		c.wait(j, m, now, m.DeliverAt.Sub(now))
 	case IsPermanent(err):
-		c.dead(j, fmt.Errorf("permanent failure on attempt %d: %w", m.Attempt+1, err))
-	case m.Attempt+1 >= c.cfg.MaxAttempts:
-		c.dead(j, fmt.Errorf("failed %d attempts, last: %w", m.Attempt+1, err))
+		c.dead(j, &handlerFailed{fmt.Errorf("permanent failure on attempt %d: %w", m.Attempt+1, err)})
+	case m.Attempt+1 >= c.cfg.policy(j.topic).MaxAttempts:
+		c.dead(j, &handlerFailed{fmt.Errorf("failed %d attempts, last: %w", m.Attempt+1, err)})
 	default:
 		c.retry(j, err)
 	}
@@ -99,7 +99,8 @@ func (c *Consumer) retry(j job, cause error) {
 	m := j.d.Message.Clone()
 	m.Attempt++
 	m.Hop = 0
-	m.DeliverAt = MillisUTC(c.cfg.Now().Add(c.backoff(m.Attempt)))
+	m.Rerun = false
+	m.DeliverAt = MillisUTC(c.cfg.Now().Add(c.backoff(j.topic, m.Attempt)))
 	c.log.Info("delaybridge: handler failed; retrying later", "topic", m.Topic, "key", m.Key, "attempt", m.Attempt, "at", m.DeliverAt, "err", cause)
 	if c.cfg.OnRetry != nil {
 		ctx, cancel := context.WithTimeout(c.hardCtx, 10*time.Second)
@@ -137,13 +138,15 @@ func (c *Consumer) publish(m *Message) error {
 	return c.pub.Publish(ctx, m)
 }
 
-// backoff returns the randomised delay before retry number attempt (1-based).
-func (c *Consumer) backoff(attempt int) time.Duration {
+// backoff returns the randomised delay before retry number attempt
+// (1-based) of a message of topic.
+func (c *Consumer) backoff(topic string, attempt int) time.Duration {
+	p := c.cfg.policy(topic).Backoff
 	b := &backoff.ExponentialBackOff{
-		InitialInterval:     c.cfg.Backoff.Initial,
-		RandomizationFactor: c.cfg.Backoff.Jitter,
-		Multiplier:          c.cfg.Backoff.Multiplier,
-		MaxInterval:         c.cfg.Backoff.Max,
+		InitialInterval:     p.Initial,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.Max,
 		Clock:               backoff.SystemClock,
 	}
 	b.Reset()
@@ -207,3 +210,12 @@ func (c *Consumer) pause() {
 		t.Stop()
 	}
 }
+
+// handlerFailed is the dead-letter reason when the handler's own failure
+// sent a message to dead: out of attempts, or a permanent error. It
+// matches ErrHandlerFailed and reads as the reason it wraps.
+type handlerFailed struct{ err error }
+
+func (e *handlerFailed) Error() string        { return e.err.Error() }
+func (e *handlerFailed) Unwrap() error        { return e.err }
+func (e *handlerFailed) Is(target error) bool { return target == ErrHandlerFailed }
