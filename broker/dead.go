@@ -23,10 +23,18 @@ const (
 	// DeadHeaderAttempt is the attempt the message was on when it died.
 	DeadHeaderAttempt = "dead-attempt"
 	DeadHeaderOrig    = "dead-orig-" // prefix of the headers of an undecodable message
+	// DeadHeaderTruncated is set, to the original size in bytes, when the
+	// payload was cut to the first 64 KiB.
+	DeadHeaderTruncated = "dead-truncated"
 )
 
 // maxReasonLen keeps a long error chain from crowding out the headers.
 const maxReasonLen = 1024
+
+// maxDeadPayload bounds the payload of a dead message: enough to tell what
+// it was, and a dead topic nobody reads cannot fill a broker with copies
+// of the largest bodies.
+const maxDeadPayload = 64 << 10
 
 // PublishDead returns a DeadLetter that publishes what the runtime gave up on
 // to topic, due at once, with the reason and original topic as headers (see
@@ -52,6 +60,8 @@ func PublishDead(pub Publisher, topic string) DeadLetter {
 // decoded travels with its body as the payload, the key "malformed", and
 // its broker headers (prefixed DeadHeaderOrig) as far as they are valid
 // UTF-8, free of control characters and fit in half of MaxHeaderBytes.
+// Either payload is cut to its first 64 KiB, DeadHeaderTruncated then
+// giving the size it had.
 func DeadMessage(d *Delivery, reason error, topic string) *Message {
 	r := "unknown"
 	if reason != nil {
@@ -71,7 +81,7 @@ func DeadMessage(d *Delivery, reason error, topic string) *Message {
 		dead[DeadHeaderTopic] = m.Topic
 		dead[DeadHeaderAttempt] = strconv.Itoa(m.Attempt)
 	} else {
-		m = &Message{Key: "malformed", Payload: append([]byte(nil), d.Body[:min(len(d.Body), MaxBody)]...)}
+		m = &Message{Key: "malformed", Payload: d.Body}
 		budget = MaxHeaderBytes / 2
 		orig = map[string]string{}
 		for k, v := range d.Headers {
@@ -80,6 +90,10 @@ func DeadMessage(d *Delivery, reason error, topic string) *Message {
 			}
 		}
 	}
+	if n := len(m.Payload); n > maxDeadPayload {
+		dead[DeadHeaderTruncated] = strconv.Itoa(n)
+	}
+	m.Payload = append([]byte(nil), m.Payload[:min(len(m.Payload), maxDeadPayload)]...)
 	m.Headers = make(map[string]string, len(orig)+len(dead))
 	size := 0
 	for k, v := range dead {
