@@ -29,16 +29,24 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // in errs), each remaining message inside a savepoint of its own: one whose
 // fn fails too is rolled back to its savepoint alone and reported, and the
 // others are marked done and committed together. A handler that panics
-// fails its message the same way. So a failing message costs the others
-// one more run of the group, never their result, and a group where nothing
-// fails pays no savepoint round trips. fn runs at most twice per message
-// and attempt (a message ahead of the failing one runs in the rolled-back
-// first run and again), more when a deadlock is retried: what it does
-// outside tx must bear repeating, as with any redelivery. A group the server rolls back to break a deadlock
-// runs again, up to groupDeadlockRetries times. err reports a failure of
-// the group as a whole (begin, lock, commit, or a savepoint the server
-// lost): nothing of it is committed and the caller handles each message on
-// its own (broker.ConsumerConfig.Group does).
+// fails its message the same way. A group where nothing fails pays no
+// savepoint round trips.
+//
+// So a failing message runs fn again for the messages ahead of it in the
+// group: their first run was rolled back, their database writes with it,
+// but not what fn did outside tx (an HTTP call, an e-mail). Before such a
+// second run HandleGroup sets Rerun on the message, so fn can tell; it is
+// also left set on a message the caller is to run again after a rolled
+// back run (err not nil, or broker.ErrHandleAlone). A group the server
+// rolls back to break a deadlock runs again, up to groupDeadlockRetries
+// times, with the same flag. A topic whose handler must not repeat its
+// calls runs alone (broker.TopicPolicy.GroupSize 1). err reports a
+// failure of the group as a whole (begin, lock, commit, or a savepoint the
+// server lost): nothing of it is committed and the caller handles each
+// message on its own (broker.ConsumerConfig.Group does).
+//
+// Each live message's Attempt is set to its task row's count of failed
+// runs before fn runs, as Handle does.
 //
 // A message (with a TaskID) whose task row another transaction holds
 // right now is left out rather than waited for: its errs entry wraps
@@ -63,8 +71,17 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		return nil, nil, errors.New("outbox: HandleGroup got a nil message")
 	}
 	var failed map[int]error
+	// ran: fn ran for the message in this transaction; rolled: in one
+	// that was rolled back, so a further run is a rerun.
+	ran, rolled := make([]bool, len(msgs)), make([]bool, len(msgs))
 	for deadlocks := 0; ; {
-		outcomes, errs, err = handleGroup(ctx, db, msgs, fn, failed)
+		clear(ran)
+		outcomes, errs, err = handleGroup(ctx, db, msgs, fn, failed, ran, rolled)
+		if err != nil {
+			for i := range ran {
+				rolled[i] = rolled[i] || ran[i]
+			}
+		}
 		var fe *firstFailure
 		switch {
 		case errors.As(err, &fe) && failed == nil:
@@ -75,6 +92,14 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			// for, and far cheaper than one transaction per message.
 			deadlocks++
 		default:
+			// What the caller runs again (the whole group, failed; a
+			// message left out) after a run here was rolled back is a
+			// rerun too.
+			for i, r := range rolled {
+				if r && (err != nil || errors.Is(errs[i], broker.ErrHandleAlone)) {
+					msgs[i].Rerun = true
+				}
+			}
 			return outcomes, errs, err
 		}
 	}
@@ -103,8 +128,9 @@ func (f *firstFailure) Error() string {
 // handleGroup is one transaction of HandleGroup. With failed nil it runs
 // every live message back to back and stops at the first fn that fails;
 // otherwise it reports the messages in failed with their errors and runs
-// each other one inside a savepoint of its own.
-func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error) (outcomes []Outcome, errs []error, err error) {
+// each other one inside a savepoint of its own. It sets ran[i] when it
+// runs fn for message i, and Rerun on a message rolled[i] says ran before.
+func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error, ran, rolled []bool) (outcomes []Outcome, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, nil, beginFailed(ctx, fmt.Errorf("outbox: handle group: begin: %w", err))
@@ -140,6 +166,13 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			errs[i] = ferr
 			continue
 		}
+		// The row's count of failed runs, not the message's, decides
+		// whether a failure is the last (see Handle).
+		m.Attempt = r.attempts
+		if rolled[i] {
+			m.Rerun = true
+		}
+		ran[i] = true
 		if failed == nil {
 			if ferr := runFn(ctx, fn, tx, m); ferr != nil {
 				return nil, nil, &firstFailure{i: i, err: ferr}
@@ -209,7 +242,7 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 	}
 	byID := map[int64]*taskRow{}
 	for _, chunk := range chunks(ids) {
-		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, "+dbNowMS+
+		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+dbNowMS+
 			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
@@ -219,7 +252,7 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 				r   taskRow
 				key []byte
 			)
-			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.dbNow); err != nil {
+			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.attempts, &r.dbNow); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 			}
@@ -319,8 +352,9 @@ func Group(db *sql.DB, fn HandlerFunc) broker.GroupHandler {
 // arrive one by one, and the messages that are due together in one
 // transaction (Group, up to cfg.GroupSize) when they come in numbers. It
 // fills in what cfg leaves unset: Group, a DeadLetter that marks the task
-// dead and publishes the message to broker.DefaultDeadTopic, and OnRetry
-// (RecordRetry). Start it with Start and stop it with Close.
+// dead (and publishes to broker.DefaultDeadTopic only a delivery no task
+// row records), and OnRetry (RecordRetry). Start it with Start and stop
+// it with Close.
 func NewConsumer(db *sql.DB, sub broker.Subscriber, pub broker.Publisher, fn HandlerFunc, cfg broker.ConsumerConfig) (*broker.Consumer, error) {
 	if db == nil || fn == nil {
 		return nil, errors.New("outbox: NewConsumer needs a database and a handler")

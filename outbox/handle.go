@@ -87,6 +87,10 @@ func (o Outcome) asError() error {
 // message after Handle returns nil: a redelivered message then finds the
 // task done, so the business effect happens exactly once.
 //
+// Once the row is locked, msg.Attempt is set to the row's count of failed
+// runs (the attempts column): the consumer runtime decides retry or dead
+// by the row, whatever attempt the message claimed.
+//
 // The task is found by msg.TaskID when set, else by (msg.Topic, msg.Key).
 // When the error is not nil the Outcome means nothing: it is the zero
 // value, which is Handled's. An error of the database itself rather than
@@ -116,6 +120,7 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 	if o, err := verdict(r, msg); err != nil || o != Handled {
 		return o, err
 	}
+	msg.Attempt = r.attempts
 	if err := fn(ctx, tx); err != nil {
 		return 0, err
 	}
@@ -133,6 +138,7 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 // in the same statement: what decides whether a message's fn runs.
 type taskRow struct {
 	id, gen, due, dbNow int64
+	attempts            int
 	topic, key, state   string
 }
 
@@ -143,13 +149,13 @@ func lockTask(ctx context.Context, tx *sql.Tx, m *broker.Message) (*taskRow, err
 	r := taskRow{topic: m.Topic, key: m.Key}
 	var row *sql.Row
 	if m.TaskID != 0 {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
 			m.TaskID, m.Topic, []byte(m.Key))
 	} else {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
 			m.Topic, []byte(m.Key))
 	}
-	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.dbNow); {
+	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.attempts, &r.dbNow); {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil, nil
 	case err != nil:
@@ -198,8 +204,11 @@ func BrokerHandler(db *sql.DB, fn HandlerFunc) broker.Handler {
 }
 
 // DeadLetter returns a broker.DeadLetter that marks the task of a message
-// the runtime gave up on as dead, with the reason, then passes the delivery
-// on to next (for example broker.PublishDead), when next is not nil.
+// the runtime gave up on as dead, with the reason. What the database
+// cannot record it passes on to next (for example broker.PublishDead),
+// when next is not nil: a delivery with no task row to mark. A task
+// recorded dead is not passed on: its row holds it, and dead replay runs
+// it again.
 //
 // The row is found by the message's task id and must still match its
 // topic, key and generation and be unfinished, so a late copy of an old
@@ -209,6 +218,10 @@ func BrokerHandler(db *sql.DB, fn HandlerFunc) broker.Handler {
 // malformed envelope, a due time beyond MaxDelay, another topic than its
 // subscription) says nothing about the task, which stays as it is and is
 // delivered by its own messages or rescued by the scanner.
+//
+// When the handler's failure killed the task (broker.ErrHandlerFailed),
+// that failed run is added to the row's attempts, so the row counts every
+// failed run, as its last_error says.
 func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {
 	return broker.DeadLetterFunc(func(ctx context.Context, d *broker.Delivery, reason error) error {
 		if m := d.Message; m != nil && m.TaskID != 0 && marksTaskDead(reason) {
@@ -216,10 +229,18 @@ func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {
 			if reason != nil {
 				msg = "dead: " + reason.Error()
 			}
-			if _, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', last_error = ?, updated_ms = ?, lease_owner = 0, next_attempt_ms = 0
+			failed := 0
+			if errors.Is(reason, broker.ErrHandlerFailed) {
+				failed = 1
+			}
+			res, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', attempts = attempts + ?, last_error = ?, updated_ms = ?, lease_owner = 0, next_attempt_ms = 0
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-				truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+				failed, truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation)
+			if err != nil {
 				return fmt.Errorf("outbox: mark %s/%s dead: %w", m.Topic, m.Key, err)
+			}
+			if n, err := res.RowsAffected(); err == nil && n > 0 {
+				return nil
 			}
 		}
 		if next != nil {
@@ -241,10 +262,11 @@ func marksTaskDead(reason error) bool {
 }
 
 // RecordRetry returns a broker.RetryRecorder that keeps each retry on its
-// task row: the attempt it is on and when it is due again
-// (next_attempt_ms). The scanner then leaves the task alone while it waits
-// out its backoff and re-publishes it with its attempt, so MaxAttempts
-// holds across rescues. Rows are matched as DeadLetter matches them.
+// task row: one more failed run in attempts, counted from the row and
+// not from the message, and when it is due again (next_attempt_ms). The
+// scanner then leaves the task alone while it waits out its backoff and
+// re-publishes it with its attempt, so MaxAttempts holds across rescues.
+// Rows are matched as DeadLetter matches them.
 //
 // A row still pending (a message handled before the relay recorded its
 // publish) becomes published here, its lease gone: the broker holds a
@@ -262,10 +284,10 @@ func RecordRetry(db *sql.DB) broker.RetryRecorder {
 		now := time.Now().UnixMilli()
 		// MariaDB assigns left to right: state changes last, after the
 		// assignments that read the old one.
-		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = ?, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
+		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
   published_ms = IF(state = 'pending', ?, published_ms), lease_owner = IF(state = 'pending', 0, lease_owner), state = 'published'
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-			m.Attempt, m.DeliverAt.UnixMilli(), truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+			m.DeliverAt.UnixMilli(), truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)
 		}
 		return nil
