@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ type Client struct {
 
 	mu       sync.Mutex
 	handlers map[string]outbox.HandlerFunc
+	policies map[string]broker.TopicPolicy
 	started  bool
 	stopped  bool
 	conn     *Connection
@@ -72,7 +74,7 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("delaybridge: Config.Scanner: %w", err)
 		}
 	}
-	return &Client{db: db, cfg: cfg, handlers: map[string]outbox.HandlerFunc{}}, nil
+	return &Client{db: db, cfg: cfg, handlers: map[string]outbox.HandlerFunc{}, policies: map[string]broker.TopicPolicy{}}, nil
 }
 
 // Schedule writes t in tx, the caller's transaction: the task exists
@@ -111,12 +113,31 @@ func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key strin
 // transaction that marks the task done: return an error to roll both back
 // and retry later. It runs no earlier than the due time and is skipped for
 // a cancelled or rescheduled task. Register every topic before Start.
-func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
+//
+// Tasks due together share a transaction. When fn fails for one of them,
+// fn runs again for the others ahead of it in that transaction, with
+// m.Rerun set: their database writes were rolled back, what fn did
+// outside tx was not. A handler that calls out runs alone: pass
+// GroupSize(1). opts also set the topic's attempts, backoff and timeout;
+// each one not given keeps Config.Consumer's.
+func (c *Client) Handle(topic string, fn outbox.HandlerFunc, opts ...HandleOption) error {
 	if err := broker.ValidateTopic(topic); err != nil {
 		return err
 	}
 	if fn == nil {
 		return fmt.Errorf("delaybridge: Handle %s: nil handler", topic)
+	}
+	var p broker.TopicPolicy
+	for _, o := range opts {
+		if o.set == nil {
+			return fmt.Errorf("delaybridge: Handle %s: a zero HandleOption", topic)
+		}
+		if err := o.set(&p); err != nil {
+			return fmt.Errorf("delaybridge: Handle %s: %w", topic, err)
+		}
+	}
+	if err := (broker.ConsumerConfig{Backoff: c.cfg.Consumer.Backoff, Topics: map[string]broker.TopicPolicy{topic: p}}).Check(); err != nil {
+		return fmt.Errorf("delaybridge: Handle %s: %w", topic, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -127,7 +148,58 @@ func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
 		return fmt.Errorf("delaybridge: Handle %s: topic already has a handler", topic)
 	}
 	c.handlers[topic] = fn
+	if p != (broker.TopicPolicy{}) {
+		c.policies[topic] = p
+	}
 	return nil
+}
+
+// HandleOption sets how the consumer runs one topic's tasks (Handle).
+type HandleOption struct {
+	set func(*broker.TopicPolicy) error
+}
+
+// GroupSize bounds how many of the topic's tasks share one transaction.
+// GroupSize(1) runs each task alone, in a transaction of its own: another
+// task's failure never runs its handler again.
+func GroupSize(n int) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error {
+		if n < 1 {
+			return fmt.Errorf("GroupSize(%d): want 1 or more", n)
+		}
+		p.GroupSize = n
+		return nil
+	}}
+}
+
+// MaxAttempts is how many times the handler runs for a task before the
+// task goes dead.
+func MaxAttempts(n int) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error {
+		if n < 1 {
+			return fmt.Errorf("MaxAttempts(%d): want 1 or more", n)
+		}
+		p.MaxAttempts = n
+		return nil
+	}}
+}
+
+// RetryBackoff is the delay before each retry of the topic's tasks; its
+// zero fields keep Config.Consumer.Backoff's.
+func RetryBackoff(b broker.Backoff) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error { p.Backoff = b; return nil }}
+}
+
+// HandlerTimeout bounds one run of the handler: its context is cancelled
+// then, and the run counts as a failed attempt.
+func HandlerTimeout(d time.Duration) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error {
+		if d <= 0 {
+			return fmt.Errorf("HandlerTimeout(%v): want more than zero", d)
+		}
+		p.HandlerTimeout = d
+		return nil
+	}}
 }
 
 // Start connects to the broker and starts consuming the registered
@@ -135,10 +207,21 @@ func (c *Client) Handle(topic string, fn outbox.HandlerFunc) error {
 // RocketMQ with RocketCreateTopics it first creates the topics, their
 // retry topics and the dead-letter topic. A Client without handlers,
 // relay or scanner has nothing to start and returns nil. When Start fails
-// it leaves nothing running. On a database that lacks a migration this
-// binary ships it returns an error matching outbox.ErrSchemaBehind before
-// it connects to anything. ctx bounds the start only: what Start starts
-// runs until Stop, whatever becomes of ctx.
+// it leaves nothing running.
+//
+// Before it touches the broker it checks the database: one that lacks a
+// migration this binary ships gives an error matching
+// outbox.ErrSchemaBehind, and a live relay or consumer of another prefix,
+// group or ladder gives outbox.ErrTopologyMismatch. Either way nothing is
+// declared on the broker.
+//
+// A broker that does not answer is tried again, five times in all over
+// about 15 s, while ctx lasts; each failure is logged. Once
+// connected, the adapters reconnect on their own. A service that must
+// come up whatever the broker does calls Start again in a loop with a
+// backoff of its own. ctx bounds the start only: what Start starts runs
+// until Stop, whatever becomes of ctx. Start logs one line when it is
+// running.
 func (c *Client) Start(ctx context.Context) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -159,38 +242,54 @@ func (c *Client) Start(ctx context.Context) (err error) {
 	if err := outbox.CheckSchema(ctx, c.db); err != nil {
 		return fmt.Errorf("delaybridge: %w", err)
 	}
-	conn, err := c.cfg.OpenBroker(ctx, len(topics) > 0)
+	// Settings the broker cannot change: refused at once, not retried.
+	if _, err := c.cfg.Keyring(); err != nil {
+		return err
+	}
+	topo, err := c.cfg.Topology()
 	if err != nil {
 		return err
 	}
 	// Every failure below returns through err: what was started is
 	// stopped again, the presence record withdrawn.
+	var conn *Connection
 	defer func() {
 		if err != nil {
 			c.undoStart()
-			conn.Close()
+			if conn != nil {
+				conn.Close()
+			}
 		}
 	}()
+	if len(topics) > 0 {
+		// Record this consumer and its topology, and refuse to start when a
+		// live relay or consumer uses another prefix, group or ladder:
+		// before the broker is opened, which declares the ladder.
+		pc := c.cfg.Presence
+		pc.Logger = cmp.Or(pc.Logger, c.cfg.Logger)
+		if c.presence, err = outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics}, pc); err != nil {
+			return err
+		}
+	}
+	if conn, err = c.openBroker(ctx, len(topics) > 0); err != nil {
+		return err
+	}
 	if len(topics) > 0 {
 		if c.cfg.Broker == "rocket" && c.cfg.RocketCreateTopics {
 			if err = conn.CreateTopics(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
 				return fmt.Errorf("delaybridge: create topics on %s: %w", c.cfg.RocketBrokerAddr, err)
 			}
 		}
-		// Record this consumer and its topology, and refuse to start when a
-		// live relay or consumer uses another prefix, group or ladder.
-		var topo broker.Topology
-		if topo, err = c.cfg.Topology(); err != nil {
-			return err
-		}
-		pc := c.cfg.Presence
-		pc.Logger = cmp.Or(pc.Logger, c.cfg.Logger)
-		if c.presence, err = outbox.Announce(ctx, c.db, outbox.Presence{Role: outbox.RoleConsumer, Topology: topo, Topics: topics}, pc); err != nil {
-			return err
-		}
 		handlers := c.handlers
 		cc := c.cfg.Consumer
 		cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
+		if len(c.policies) > 0 {
+			cc.Topics = maps.Clone(cc.Topics)
+			if cc.Topics == nil {
+				cc.Topics = map[string]broker.TopicPolicy{}
+			}
+			maps.Copy(cc.Topics, c.policies)
+		}
 		if m := c.cfg.Metrics; m != nil {
 			cc.Hooks = joinConsumerHooks(cc.Hooks, m.ConsumerHooks())
 		}
@@ -211,7 +310,44 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		return err
 	}
 	c.conn, c.started = conn, true
+	prefix := c.cfg.RabbitPrefix
+	if c.cfg.Broker == "rocket" {
+		prefix = c.cfg.RocketGroupPrefix
+	}
+	c.cfg.Logger.Info("delaybridge: client started", "broker", c.cfg.Broker, "mode", c.cfg.Mode(), "prefix", prefix,
+		"topics", topics, "relay", c.cfg.Relay != nil, "scanner", c.cfg.Scanner != nil)
 	return nil
+}
+
+// startTries and startWait bound how Start waits for a broker that does
+// not answer: tries in all, the first wait, doubling (1+2+4+8 s).
+const (
+	startTries = 5
+	startWait  = time.Second
+)
+
+// openBroker opens the broker, trying again with a backoff while it does
+// not answer, up to startTries times and while ctx lasts.
+func (c *Client) openBroker(ctx context.Context, withSub bool) (*Connection, error) {
+	wait := startWait
+	for try := 1; ; try++ {
+		conn, err := c.cfg.OpenBroker(ctx, withSub)
+		if err == nil {
+			return conn, nil
+		}
+		if try == startTries || ctx.Err() != nil {
+			return nil, err
+		}
+		c.cfg.Logger.Warn("delaybridge: the broker did not answer; trying again", "broker", c.cfg.Broker, "try", try, "of", startTries, "in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
 }
 
 // startBackground starts the relay and the scanner the Config asks for.
