@@ -3,6 +3,7 @@ package delaybridge
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,11 +15,16 @@ import (
 
 // Metrics are the Prometheus series of a relay, a scanner and a consumer
 // runtime: delaybridge_relay_*, delaybridge_scanner_*, and the consumer's
-// lateness, hops, retries, dead, stuck handlers, outcomes and group sizes
+// lateness, hops, retries, dead, stuck handlers, outcomes, group sizes and reruns
 // by topic. The dashboard in deploy/grafana and the alert rules in
 // deploy/prometheus read most of them (not the outcomes or the group
 // sizes, which are for a closer look). Labels carry topics and outcomes,
 // never keys, payloads or connection settings.
+//
+// A part's series are exported once it runs: from the first call of its
+// hooks (RelayHooks, ScannerHooks, ConsumerHooks, which a Client makes for
+// what it runs), so a process shows no zero series of a part it does not
+// run.
 //
 // delaybridge run exports the relay's and the scanner's. The consumer runs
 // in the service that owns the handlers, so that service exports the
@@ -40,6 +46,34 @@ type Metrics struct {
 	stuck    *prometheus.CounterVec
 	outcomes *prometheus.CounterVec
 	groups   *prometheus.HistogramVec
+	reruns   *prometheus.CounterVec
+
+	relay, scanner, consumer *part
+}
+
+// part is the series of one part (relay, scanner, consumer) as one
+// collector: registered whole, so NewMetrics finds a clash at once, and
+// collected only once the part runs.
+type part struct {
+	on atomic.Bool
+	cs []prometheus.Collector
+}
+
+// Describe describes every series of the part, running or not.
+func (p *part) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range p.cs {
+		c.Describe(ch)
+	}
+}
+
+// Collect collects the part's series once it runs.
+func (p *part) Collect(ch chan<- prometheus.Metric) {
+	if !p.on.Load() {
+		return
+	}
+	for _, c := range p.cs {
+		c.Collect(ch)
+	}
 }
 
 // NewMetrics makes the series and registers them with reg (for example
@@ -69,9 +103,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		groups: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
 			Help:    "Messages of the topic one committed group-commit transaction handled (a group holds two or more messages, of any topics; a lone due message runs on its own).",
 			Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"}),
+		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_reruns_total",
+			Help: "Handler runs repeated for a message because its group's transaction was rolled back after another message failed (broker.Message.Rerun)."}, []string{"topic"}),
 	}
-	for _, c := range []prometheus.Collector{m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency, m.rescued, m.business,
-		m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups} {
+	m.relay = &part{cs: []prometheus.Collector{m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency}}
+	m.scanner = &part{cs: []prometheus.Collector{m.rescued, m.business}}
+	m.consumer = &part{cs: []prometheus.Collector{m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups, m.reruns}}
+	for _, c := range []prometheus.Collector{m.relay, m.scanner, m.consumer} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("delaybridge: register metrics: %w", err)
 		}
@@ -81,6 +119,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 
 // RelayHooks feeds the delaybridge_relay_* series (outbox.RelayConfig.Hooks).
 func (m *Metrics) RelayHooks() outbox.RelayHooks {
+	m.relay.on.Store(true)
 	return outbox.RelayHooks{
 		Published: func(n int, took time.Duration) {
 			m.relayPublished.Add(float64(n))
@@ -93,6 +132,7 @@ func (m *Metrics) RelayHooks() outbox.RelayHooks {
 
 // ScannerHooks feeds the delaybridge_scanner_* series (scanner.Config.Hooks).
 func (m *Metrics) ScannerHooks() scanner.Hooks {
+	m.scanner.on.Store(true)
 	return scanner.Hooks{
 		Rescued:         func(n int) { m.rescued.Add(float64(n)) },
 		BusinessHandled: func(n int) { m.business.Add(float64(n)) },
@@ -101,6 +141,7 @@ func (m *Metrics) ScannerHooks() scanner.Hooks {
 
 // ConsumerHooks feeds the consumer's series (broker.ConsumerConfig.Hooks).
 func (m *Metrics) ConsumerHooks() broker.Hooks {
+	m.consumer.on.Store(true)
 	return broker.Hooks{
 		Handled: func(topic string, l time.Duration) { m.lateness.WithLabelValues(topic).Observe(l.Seconds()) },
 		Hopped:  func(topic string, _ int) { m.hops.WithLabelValues(topic).Inc() },
@@ -108,6 +149,7 @@ func (m *Metrics) ConsumerHooks() broker.Hooks {
 		Dead:    func(topic string, _ error) { m.dead.WithLabelValues(topic).Inc() },
 		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
 		Grouped: func(topic string, n int, _ time.Duration) { m.groups.WithLabelValues(topic).Observe(float64(n)) },
+		Rerun:   func(topic string) { m.reruns.WithLabelValues(topic).Inc() },
 		Settled: func(topic string, o broker.Outcome, reason string) {
 			m.outcomes.WithLabelValues(topic, string(o), skipLabel(reason)).Inc()
 		},
@@ -132,6 +174,7 @@ func joinConsumerHooks(a, b broker.Hooks) broker.Hooks {
 	return broker.Hooks{
 		Handled: join2(a.Handled, b.Handled), Settled: join3(a.Settled, b.Settled), Hopped: join2(a.Hopped, b.Hopped),
 		Retried: join2(a.Retried, b.Retried), Dead: join2(a.Dead, b.Dead), Grouped: join3(a.Grouped, b.Grouped), Stuck: join1(a.Stuck, b.Stuck),
+		Rerun: join1(a.Rerun, b.Rerun),
 	}
 }
 
