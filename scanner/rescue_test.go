@@ -110,6 +110,11 @@ func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
+	// RecordRetry counts from the row, not the message: three failed runs
+	// recorded, this one makes the fourth.
+	if _, err := b.db.Exec("UPDATE delay_task SET attempts = 3 WHERE task_key = 'retrying'"); err != nil {
+		t.Fatal(err)
+	}
 	retry := &broker.Message{TaskID: info.ID, Topic: "scan", Key: "retrying", Attempt: 4, DeliverAt: time.Now().Add(30 * time.Second)}
 	if err := outbox.RecordRetry(b.db)(b.ctx, retry, errors.New("payment service down")); err != nil {
 		t.Fatal(err)

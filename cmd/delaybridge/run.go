@@ -116,7 +116,12 @@ back (up to --drain) and exits 0.`,
 			if err != nil {
 				return err
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: m.ScannerHooks(), Logger: a.log})
+			// A process without a scanner exports no scanner series.
+			var scanHooks scanner.Hooks
+			if !noScan {
+				scanHooks = m.ScannerHooks()
+			}
+			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
 			if err != nil {
 				return err
 			}
