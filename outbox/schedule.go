@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -280,10 +279,11 @@ func scanInfo(s scanner) (*TaskInfo, error) {
 	i.Task.Key = string(key)
 	i.Task.DueAt = msTime(dueMS)
 	i.Task.Trace = trace.String
-	if headers.Valid && headers.String != "" {
-		if err := json.Unmarshal([]byte(headers.String), &i.Task.Headers); err != nil {
-			return nil, fmt.Errorf("outbox: task %d: headers: %w", i.ID, err)
-		}
+	if headers.Valid {
+		// Lenient: a column another producer wrote ({"tenant":1}, or no
+		// JSON at all) never fails a read or a list; what no broker
+		// carries is left out.
+		i.Task.Headers, _ = store.DecodeHeaders(headers.String)
 	}
 	i.State = State(state)
 	i.LastError = lastErr.String
