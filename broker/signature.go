@@ -40,7 +40,9 @@ type Key struct {
 type Keyring []Key
 
 // ParseKeyring reads "id:base64secret" entries separated by commas or
-// white space, the first being the signing key.
+// white space, the first being the signing key. Its errors name an entry
+// by its position, never by its text: in an entry written the wrong way
+// round ("base64secret:id") the id is the secret.
 func ParseKeyring(s string) (Keyring, error) {
 	var ring Keyring
 	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' || r == '\r' }) {
@@ -50,7 +52,7 @@ func ParseKeyring(s string) (Keyring, error) {
 		}
 		secret, err := base64.StdEncoding.DecodeString(enc)
 		if err != nil {
-			return nil, fmt.Errorf("signing key %q: the secret is not base64", id)
+			return nil, fmt.Errorf("signing key %d: the part after ':' is not base64; want id:base64secret, the id first", len(ring)+1)
 		}
 		ring = append(ring, Key{ID: id, Secret: secret})
 	}
@@ -63,9 +65,10 @@ func (r Keyring) Validate() error {
 		return errors.New("signing keys: none given")
 	}
 	seen := map[string]bool{}
-	for _, k := range r {
+	for i, k := range r {
 		if err := ValidateTopic(k.ID); err != nil || len(k.ID) > 32 {
-			return fmt.Errorf("signing key id %.40q: want 1 to 32 of [A-Za-z0-9_-]", k.ID)
+			// Not quoted: an id this malformed may be a secret put first.
+			return fmt.Errorf("signing key %d: the part before ':' is not an id of 1 to 32 of [A-Za-z0-9_-]; want id:base64secret, the id first", i+1)
 		}
 		if seen[k.ID] {
 			return fmt.Errorf("signing key id %q appears twice", k.ID)

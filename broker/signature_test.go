@@ -127,6 +127,28 @@ func TestConsumer_ForgedMessageGoesDeadAndSignedHopsPass(t *testing.T) {
 	}
 }
 
+// An entry written the wrong way round, secret first, is refused by its
+// position, and no error shows any part of the secret.
+func TestParseKeyring_ReversedEntryNeverShowsTheSecret(t *testing.T) {
+	t.Parallel()
+	good := "k1:" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("g", 32)))
+	for _, secret := range []string{
+		base64.StdEncoding.EncodeToString([]byte(strings.Repeat("\xfbS", 16))), // holds '+' or '/'
+		base64.RawURLEncoding.EncodeToString([]byte(strings.Repeat("s", 48))),  // 64 plain characters
+	} {
+		for _, id := range []string{"k2", "key2"} { // "key2" is base64 too
+			_, err := broker.ParseKeyring(good + "," + secret + ":" + id)
+			if err == nil || !strings.Contains(err.Error(), "signing key 2:") {
+				t.Errorf("reversed entry %q: %v, want an error naming signing key 2", id, err)
+				continue
+			}
+			if strings.Contains(err.Error(), secret[:8]) {
+				t.Errorf("the error shows the secret: %v", err)
+			}
+		}
+	}
+}
+
 func TestParseKeyring_RefusesWhatCannotSign(t *testing.T) {
 	t.Parallel()
 	secret := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("s", 32)))
