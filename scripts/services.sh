@@ -285,12 +285,16 @@ rabbit_up() {
 		log "starting RabbitMQ"
 		mkdir -p /var/log/rabbitmq
 		chown rabbitmq:rabbitmq /var/log/rabbitmq
-		# The Debian wrapper switches to the rabbitmq user; the node runs in the
-		# foreground of this detached session, its output in the startup log.
-		# It inherits the open-files limit raised in this subshell.
+		# The node runs as the rabbitmq user in the foreground of this detached
+		# session, its output in the startup log. It inherits the open-files
+		# limit raised in this subshell: setpriv keeps it, where the Debian
+		# wrapper's su resets it through pam_limits.
 		(
 			rabbit_nofile
-			exec nohup setsid rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1
+			cd /var/lib/rabbitmq
+			exec nohup setsid setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+				env HOME=/var/lib/rabbitmq USER=rabbitmq LOGNAME=rabbitmq \
+				/usr/lib/rabbitmq/bin/rabbitmq-server </dev/null >"$RABBIT_STARTUP_LOG" 2>&1
 		) &
 		wait_for RabbitMQ "$START_TIMEOUT" port_open 5672 || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
 		rabbitmqctl -q await_startup --timeout 60 >/dev/null || fail RabbitMQ "$RABBIT_STARTUP_LOG" "$(rabbit_log)"
