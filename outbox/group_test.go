@@ -395,3 +395,112 @@ func (b *bundle) impatient(t *testing.T) *sql.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
+
+// handleGroupEarly is handleEarly through HandleGroup: the message is
+// reported early in its errs entry and the group itself does not fail.
+func (b *bundle) handleGroupEarly(t *testing.T, db *sql.DB, msg *broker.Message) {
+	t.Helper()
+	before, err := outbox.Get(b.ctx, b.db, msg.Topic, msg.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for how, m := range byIDAndByKey(msg) {
+		_, errs, err := outbox.HandleGroup(b.ctx, db, []*broker.Message{m}, func(context.Context, *sql.Tx, *broker.Message) error {
+			t.Errorf("%s: fn ran for a task the database's clock says is not due", how)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("HandleGroup %s: %v", how, err)
+		}
+		wantEarly(t, "HandleGroup "+how+": errs[0]", errs[0])
+		b.wantUntouched(t, msg, before)
+	}
+}
+
+func TestHandleGroup_ATaskDueByTheHostClockWaitsForTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now().Add(-time.Second))
+	b.handleGroupEarly(t, b.clockBehind(t), msg)
+}
+
+func TestHandleGroup_TheSessionTimeZoneDoesNotMakeATaskDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now().Add(time.Hour))
+	msg.DeliverAt = broker.MillisUTC(time.Now()) // the message claims it is due
+	b.handleGroupEarly(t, b.eightHoursEast(t), msg)
+}
+
+func TestHandleGroup_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msgs := []*broker.Message{b.order(t, "o1", time.Now()), b.order(t, "o2", time.Now())}
+	b.refuseDone(t)
+	if _, _, err := outbox.HandleGroup(b.ctx, b.db, msgs, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		return countCancel(ctx, tx, m.Key)
+	}); err == nil {
+		t.Error("HandleGroup reported no error though its tasks could not be marked done")
+	}
+	b.wantNoEffectNotDone(t, "o1", "o2")
+}
+
+// erSavepointMissing is MariaDB's error for a ROLLBACK TO SAVEPOINT whose
+// savepoint does not exist (ER_SP_DOES_NOT_EXIST).
+const erSavepointMissing = 1305
+
+// In the group's second run, a message whose fn fails after the server lost
+// the transaction under it leaves no savepoint to roll back to. The group
+// must fail whole: carrying on would run the next messages outside any
+// transaction, each write committing on its own, and mark tasks done whose
+// effects were rolled back.
+func TestHandleGroup_ASavepointTheServerLostFailsTheWholeGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keys := []string{"a", "poison", "b", "c"}
+	var msgs []*broker.Message
+	for _, k := range keys {
+		msgs = append(msgs, b.order(t, k, time.Now()))
+	}
+	boom := errors.New("payment service down")
+	ran := map[string]int{}
+	_, _, err := outbox.HandleGroup(b.ctx, b.db, msgs, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		ran[m.Key]++
+		if err := cancelOne(ctx, tx, m); err != nil {
+			return err
+		}
+		switch m.Key {
+		case "poison":
+			// Fails the first run, so the group runs again with savepoints.
+			return boom
+		case "b":
+			// b runs only in the second run (the first stopped at poison).
+			// Its write done, the transaction is rolled back under the
+			// group, as the server does to a deadlock's victim, and the
+			// savepoint goes with it.
+			if _, err := tx.ExecContext(ctx, "ROLLBACK"); err != nil {
+				return err
+			}
+			return errors.New("b lost its transaction")
+		}
+		return nil
+	})
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != erSavepointMissing {
+		t.Errorf("HandleGroup = %v; want the group failed with its savepoint gone (error %d)", err, erSavepointMissing)
+	}
+	if ran["a"] != 2 || ran["poison"] != 1 || ran["b"] != 1 {
+		t.Fatalf("fn ran %v; want a twice, poison once, b once: the rerun did not go as planned", ran)
+	}
+	for _, k := range keys {
+		if status, cancels := b.orderRow(t, k); status != "UNPAID" || cancels != 0 {
+			t.Errorf("%s: order %s with %d cancels after the group failed; want no effect kept", k, status, cancels)
+		}
+	}
+	if n := b.count(t, "state = 'done'"); n != 0 {
+		t.Errorf("%d tasks done after the group failed; want none", n)
+	}
+	if n := b.count(t, "state = 'pending'"); n != len(keys) {
+		t.Errorf("%d of %d tasks still pending; want all, for each message to be handled alone", n, len(keys))
+	}
+}
