@@ -47,6 +47,7 @@ func TestParseBrokerLimits_FromBrokerConfigurations(t *testing.T) {
 		{"timerWheelEnable": "true", "timerMaxDelaySec": "60", "timerPrecisionMs": "0", "messageDelayLevel": "1s"},
 		{"messageDelayLevel": "5s 1s"},
 		{"messageDelayLevel": "1x"},
+		{"messageDelayLevel": "1s 213504d"}, // past the longest duration: would wrap to 25m26s
 		{},
 	} {
 		if b, err := parseBrokerLimits(bad); err == nil {
