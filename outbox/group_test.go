@@ -417,6 +417,8 @@ func (b *bundle) handleGroupEarly(t *testing.T, db *sql.DB, msg *broker.Message)
 	}
 }
 
+// HandleGroup keeps what Handle keeps in
+// TestHandle_ATaskDueByTheHostClockWaitsForTheDatabaseClock (handle_test.go).
 func TestHandleGroup_ATaskDueByTheHostClockWaitsForTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -424,6 +426,8 @@ func TestHandleGroup_ATaskDueByTheHostClockWaitsForTheDatabaseClock(t *testing.T
 	b.handleGroupEarly(t, b.clockBehind(t), msg)
 }
 
+// HandleGroup keeps what Handle keeps in
+// TestHandle_TheSessionTimeZoneDoesNotMakeATaskDue (handle_test.go).
 func TestHandleGroup_TheSessionTimeZoneDoesNotMakeATaskDue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -432,6 +436,8 @@ func TestHandleGroup_TheSessionTimeZoneDoesNotMakeATaskDue(t *testing.T) {
 	b.handleGroupEarly(t, b.eightHoursEast(t), msg)
 }
 
+// HandleGroup keeps what Handle keeps in
+// TestHandle_AFailedDoneMarkCommitsNoEffect (handle_test.go).
 func TestHandleGroup_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
