@@ -533,3 +533,162 @@ func TestHandle_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
 	}
 	b.wantNoEffectNotDone(t, "o1")
 }
+
+// ledger is the part of a task row the consumer's guards protect.
+type ledger struct {
+	state       string
+	gen         int64
+	attempts    int
+	nextAttempt int64
+	lastError   string
+}
+
+func (b *bundle) ledger(t *testing.T, id int64) ledger {
+	t.Helper()
+	var (
+		l       ledger
+		lastErr sql.NullString
+	)
+	if err := b.db.QueryRowContext(b.ctx, "SELECT state, generation, attempts, next_attempt_ms, last_error FROM delay_task WHERE id = ?", id).
+		Scan(&l.state, &l.gen, &l.attempts, &l.nextAttempt, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	l.lastError = lastErr.String
+	return l
+}
+
+// mismatched returns messages that carry the id of task but are not its
+// messages: another key, and another topic.
+func mismatched(task *broker.Message, otherKey string) []*broker.Message {
+	wrongKey, wrongTopic := *task, *task
+	wrongKey.Key = otherKey
+	wrongTopic.Topic = "invoice-expire"
+	return []*broker.Message{&wrongKey, &wrongTopic}
+}
+
+// A message whose TaskID names a row of another key or topic (an id the
+// cleaner freed and a new task took) is not that row's message: Handle
+// reports it missing and neither runs fn nor touches the row.
+func TestHandle_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.order(t, "mine", time.Now())
+	theirs := b.order(t, "theirs", time.Now())
+	for _, m := range mismatched(theirs, "mine") {
+		o, err := outbox.Handle(b.ctx, b.db, m, func(ctx context.Context, tx *sql.Tx) error {
+			t.Errorf("%s/%s: fn ran for task %d", m.Topic, m.Key, m.TaskID)
+			return cancelOrder(m.Key)(ctx, tx)
+		})
+		if err != nil || o != outbox.SkippedMissing {
+			t.Errorf("%s/%s with task %d: Handle = %v, %v; want skipped: missing", m.Topic, m.Key, m.TaskID, o, err)
+		}
+	}
+	for _, id := range []string{"mine", "theirs"} {
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StatePending {
+			t.Errorf("%s task is %s, want untouched", id, info.State)
+		}
+		if status, _ := b.orderRow(t, id); status != "UNPAID" {
+			t.Errorf("%s order is %s, want untouched", id, status)
+		}
+	}
+}
+
+// slowIncrement counts every run in the order's cancels, unconditionally,
+// after a pause that lets concurrent handlers of the same task overlap:
+// only the task row's lock keeps the count to one.
+func slowIncrement(ctx context.Context, tx *sql.Tx, key string) error {
+	time.Sleep(50 * time.Millisecond)
+	_, err := tx.ExecContext(ctx, "UPDATE orders SET cancels = cancels + 1 WHERE id = ?", key)
+	return err
+}
+
+// Duplicates of a message without a task id (found by topic and key) run
+// once when delivered concurrently: the row lock by key serializes them.
+func TestHandle_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "by-key", time.Now())
+	msg.TaskID = 0
+	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error { return slowIncrement(ctx, tx, "by-key") })
+}
+
+// Dead letters and retry records of an older generation's message, or of
+// a message naming the row's id under another key or topic, leave the row
+// as it is: a rescheduled task stays pending in its new generation with its
+// attempt count.
+func TestDeadLetterAndRecordRetry_LeaveANewerGenerationAndOtherTasksAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.order(t, "rescheduled", time.Now())
+	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "rescheduled", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	current := *old
+	current.Generation = 1
+	current.Attempt = 2
+	current.DeliverAt = broker.MillisUTC(time.Now().Add(time.Minute))
+	retry := outbox.RecordRetry(b.db)
+	if err := retry(b.ctx, &current, errors.New("payment service down")); err != nil {
+		t.Fatal(err)
+	}
+	before := b.ledger(t, old.TaskID)
+	// A message of the current generation is in the broker, so its
+	// retry makes the row published (see RecordRetry). The row counts
+	// the failed run itself, whatever attempt the message claims.
+	if before.state != "published" || before.gen != 1 || before.attempts != 1 || before.nextAttempt != current.DeliverAt.UnixMilli() {
+		t.Fatalf("after the current generation's retry: %+v; want published, gen 1, one failed run recorded", before)
+	}
+
+	stale := *old
+	stale.Attempt = 7
+	stale.DeliverAt = broker.MillisUTC(time.Now().Add(2 * time.Hour))
+	others := append([]*broker.Message{&stale}, mismatched(&current, "someone-else")...)
+	dl := outbox.DeadLetter(b.db, nil)
+	for _, m := range others {
+		m.Attempt = 7
+		if err := retry(b.ctx, m, errors.New("late retry")); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.ledger(t, old.TaskID); got != before {
+			t.Fatalf("retry of %s/%s gen %d changed the row: %+v, want %+v", m.Topic, m.Key, m.Generation, got, before)
+		}
+		if err := dl.Dead(b.ctx, &broker.Delivery{Message: m}, errors.New("failed 10 attempts")); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.ledger(t, old.TaskID); got != before {
+			t.Fatalf("dead letter of %s/%s gen %d changed the row: %+v, want %+v", m.Topic, m.Key, m.Generation, got, before)
+		}
+	}
+}
+
+// A dead letter or a retry record for a task that is already finished
+// (done or cancelled) does not change it: a done task never turns dead.
+func TestDeadLetterAndRecordRetry_LeaveFinishedTasksAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	done := b.order(t, "done", time.Now())
+	if o, err := outbox.Handle(b.ctx, b.db, done, cancelOrder("done")); err != nil || o != outbox.Handled {
+		t.Fatalf("Handle = %v, %v", o, err)
+	}
+	cancelled := b.order(t, "cancelled", time.Now())
+	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	dl, retry := outbox.DeadLetter(b.db, nil), outbox.RecordRetry(b.db)
+	for _, m := range []*broker.Message{done, cancelled} {
+		before := b.ledger(t, m.TaskID)
+		late := *m
+		late.Attempt = 3
+		late.DeliverAt = broker.MillisUTC(time.Now().Add(time.Minute))
+		if err := retry(b.ctx, &late, errors.New("late retry")); err != nil {
+			t.Fatal(err)
+		}
+		if err := dl.Dead(b.ctx, &broker.Delivery{Message: &late}, errors.New("failed 10 attempts")); err != nil {
+			t.Fatal(err)
+		}
+		// The keys name the states the tasks are in: "done", "cancelled".
+		if got := b.ledger(t, m.TaskID); got != before || got.state != m.Key {
+			t.Errorf("%s task: %+v after a late retry and dead letter, want %+v", m.Key, got, before)
+		}
+	}
+}
