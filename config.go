@@ -81,7 +81,7 @@ type Config struct {
 	// timerPrecisionMs (zero: theirs, read at start) (--rocketmq-precision).
 	RocketPrecision time.Duration
 	// RocketLevels is the broker's messageDelayLevel list
-	// (--rocketmq-levels).
+	// (--rocketmq-levels), as ParseLevels reads it.
 	RocketLevels string
 	// RocketGroupPrefix starts every consumer group name
 	// (--rocketmq-group-prefix; consumers only): topic T is consumed in
@@ -368,21 +368,15 @@ func (c Config) RabbitConfig() (rabbit.Config, error) {
 	return cfg, nil
 }
 
-// ParseLevels parses a RocketMQ messageDelayLevel list: durations
-// separated by spaces or commas.
+// ParseLevels parses a RocketMQ messageDelayLevel list as the broker
+// reads it (see rocket.ParseLevels): ascending positive levels such as
+// "1s 5s 1m 2h 1d". Commas may separate the levels too.
 func ParseLevels(s string) ([]time.Duration, error) {
-	var out []time.Duration
-	for _, f := range strings.Fields(strings.ReplaceAll(s, ",", " ")) {
-		d, err := time.ParseDuration(f)
-		if err != nil {
-			return nil, fmt.Errorf("--rocketmq-levels: %w", err)
-		}
-		out = append(out, d)
+	levels, err := rocket.ParseLevels(strings.ReplaceAll(s, ",", " "))
+	if err != nil {
+		return nil, fmt.Errorf("--rocketmq-levels: %w", err)
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("--rocketmq-levels: empty")
-	}
-	return out, nil
+	return levels, nil
 }
 
 // RocketConfig returns the rocket adapter's configuration.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -394,4 +395,299 @@ func (b *bundle) impatient(t *testing.T) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// handleGroupEarly is handleEarly through HandleGroup: the message is
+// reported early in its errs entry and the group itself does not fail.
+func (b *bundle) handleGroupEarly(t *testing.T, db *sql.DB, msg *broker.Message) {
+	t.Helper()
+	before, err := outbox.Get(b.ctx, b.db, msg.Topic, msg.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for how, m := range byIDAndByKey(msg) {
+		_, errs, err := outbox.HandleGroup(b.ctx, db, []*broker.Message{m}, func(context.Context, *sql.Tx, *broker.Message) error {
+			t.Errorf("%s: fn ran for a task the database's clock says is not due", how)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("HandleGroup %s: %v", how, err)
+		}
+		wantEarly(t, "HandleGroup "+how+": errs[0]", errs[0])
+		b.wantUntouched(t, msg, before)
+	}
+}
+
+// HandleGroup keeps what Handle keeps in
+// TestHandle_ATaskDueByTheHostClockWaitsForTheDatabaseClock (handle_test.go).
+func TestHandleGroup_ATaskDueByTheHostClockWaitsForTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now().Add(-time.Second))
+	b.handleGroupEarly(t, b.clockBehind(t), msg)
+}
+
+// HandleGroup keeps what Handle keeps in
+// TestHandle_TheSessionTimeZoneDoesNotMakeATaskDue (handle_test.go).
+func TestHandleGroup_TheSessionTimeZoneDoesNotMakeATaskDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msg := b.order(t, "o1", time.Now().Add(time.Hour))
+	msg.DeliverAt = broker.MillisUTC(time.Now()) // the message claims it is due
+	b.handleGroupEarly(t, b.eightHoursEast(t), msg)
+}
+
+// HandleGroup keeps what Handle keeps in
+// TestHandle_AFailedDoneMarkCommitsNoEffect (handle_test.go).
+func TestHandleGroup_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msgs := []*broker.Message{b.order(t, "o1", time.Now()), b.order(t, "o2", time.Now())}
+	b.refuseDone(t)
+	if _, _, err := outbox.HandleGroup(b.ctx, b.db, msgs, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		return countCancel(ctx, tx, m.Key)
+	}); err == nil {
+		t.Error("HandleGroup reported no error though its tasks could not be marked done")
+	}
+	b.wantNoEffectNotDone(t, "o1", "o2")
+}
+
+// erSavepointMissing is MariaDB's error for a ROLLBACK TO SAVEPOINT whose
+// savepoint does not exist (ER_SP_DOES_NOT_EXIST).
+const erSavepointMissing = 1305
+
+// In the group's second run, a message whose fn fails after the server lost
+// the transaction under it leaves no savepoint to roll back to. The group
+// must fail whole: carrying on would run the next messages outside any
+// transaction, each write committing on its own, and mark tasks done whose
+// effects were rolled back.
+func TestHandleGroup_ASavepointTheServerLostFailsTheWholeGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keys := []string{"a", "poison", "b", "c"}
+	var msgs []*broker.Message
+	for _, k := range keys {
+		msgs = append(msgs, b.order(t, k, time.Now()))
+	}
+	boom := errors.New("payment service down")
+	ran := map[string]int{}
+	_, _, err := outbox.HandleGroup(b.ctx, b.db, msgs, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		ran[m.Key]++
+		if err := cancelOne(ctx, tx, m); err != nil {
+			return err
+		}
+		switch m.Key {
+		case "poison":
+			// Fails the first run, so the group runs again with savepoints.
+			return boom
+		case "b":
+			// b runs only in the second run (the first stopped at poison).
+			// Its write done, the transaction is rolled back under the
+			// group, as the server does to a deadlock's victim, and the
+			// savepoint goes with it.
+			if _, err := tx.ExecContext(ctx, "ROLLBACK"); err != nil {
+				return err
+			}
+			return errors.New("b lost its transaction")
+		}
+		return nil
+	})
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != erSavepointMissing {
+		t.Errorf("HandleGroup = %v; want the group failed with its savepoint gone (error %d)", err, erSavepointMissing)
+	}
+	if ran["a"] != 2 || ran["poison"] != 1 || ran["b"] != 1 {
+		t.Fatalf("fn ran %v; want a twice, poison once, b once: the rerun did not go as planned", ran)
+	}
+	for _, k := range keys {
+		if status, cancels := b.orderRow(t, k); status != "UNPAID" || cancels != 0 {
+			t.Errorf("%s: order %s with %d cancels after the group failed; want no effect kept", k, status, cancels)
+		}
+	}
+	if n := b.count(t, "state = 'done'"); n != 0 {
+		t.Errorf("%d tasks done after the group failed; want none", n)
+	}
+	if n := b.count(t, "state = 'pending'"); n != len(keys) {
+		t.Errorf("%d of %d tasks still pending; want all, for each message to be handled alone", n, len(keys))
+	}
+}
+
+// When the first run of a group fails on one message, the group runs again
+// with a savepoint per message; a message that fails only in that rerun,
+// after its write, is rolled back to its savepoint: its write vanishes
+// (from both runs), its task stays open and its error is reported, while
+// the others' effects commit.
+func TestHandleGroup_AMessageThatFailsInTheSavepointRerunIsRolledBackAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, flaky, third, poison := b.order(t, "first", time.Now()), b.order(t, "flaky", time.Now()), b.order(t, "third", time.Now()), b.order(t, "poison", time.Now())
+	errPoison, errFlaky := errors.New("poison: always fails"), errors.New("flaky: fails in the rerun")
+	calls := map[string]int{}
+	out, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{first, flaky, third, poison}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		calls[m.Key]++
+		if err := cancelOne(ctx, tx, m); err != nil {
+			return err
+		}
+		switch {
+		case m.Key == "poison":
+			return errPoison // the first run's failure: the group reruns with savepoints
+		case m.Key == "flaky" && calls[m.Key] == 2:
+			return errFlaky // after its write, in the savepoint rerun
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(calls); got != "map[first:2 flaky:2 poison:1 third:2]" {
+		t.Fatalf("fn calls %s; want poison once and the rest twice (first run, then the savepoint rerun)", got)
+	}
+	if !errors.Is(errs[3], errPoison) || !errors.Is(errs[1], errFlaky) || errs[0] != nil || errs[2] != nil {
+		t.Fatalf("errs = %v; want the poison's and the flaky message's errors only", errs)
+	}
+	if out[0] != outbox.Handled || out[2] != outbox.Handled {
+		t.Fatalf("outcomes = %v; want the healthy messages handled", out)
+	}
+	for _, id := range []string{"flaky", "poison"} {
+		if status, cancels := b.orderRow(t, id); status != "UNPAID" || cancels != 0 {
+			t.Errorf("%s: order %s with %d cancels; its write must be rolled back", id, status, cancels)
+		}
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StatePending {
+			t.Errorf("%s task is %s, want still pending", id, info.State)
+		}
+	}
+	for _, id := range []string{"first", "third"} {
+		if status, cancels := b.orderRow(t, id); status != "CANCELLED" || cancels != 1 {
+			t.Errorf("%s: order %s with %d cancels, want cancelled once", id, status, cancels)
+		}
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StateDone {
+			t.Errorf("%s task is %s, want done", id, info.State)
+		}
+	}
+}
+
+// A dead task in a group is skipped as dead and its handler does not run;
+// it stays dead, for Replay, while the rest of the group is handled.
+func TestHandleGroup_SkipsADeadTaskWithoutRunningIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	live, dead := b.order(t, "live", time.Now()), b.order(t, "dead", time.Now())
+	if err := outbox.DeadLetter(b.db, nil).Dead(b.ctx, &broker.Delivery{Message: dead}, errors.New("failed 10 attempts")); err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	out, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{live, dead}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		ran = append(ran, m.Key)
+		return cancelOne(ctx, tx, m)
+	})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("HandleGroup = %v, %v", errs, err)
+	}
+	if out[0] != outbox.Handled || out[1] != outbox.SkippedDead {
+		t.Fatalf("outcomes = %v; want handled, skipped: dead", out)
+	}
+	if strings.Join(ran, ",") != "live" {
+		t.Fatalf("fn ran for %v; want only the live task", ran)
+	}
+	if status, _ := b.orderRow(t, "dead"); status != "UNPAID" {
+		t.Fatalf("the dead task's order is %s", status)
+	}
+	if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", "dead"); info.State != outbox.StateDead {
+		t.Fatalf("the dead task is %s after HandleGroup; want still dead", info.State)
+	}
+}
+
+// HandleGroup keeps what Handle keeps in
+// TestHandle_ATaskIDOfAnotherKeyOrTopicIsMissing (handle_test.go).
+// The same in a group: the messages naming another task's id are missing,
+// the row is left alone, and the rest of the group runs.
+func TestHandleGroup_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	live := b.order(t, "live", time.Now())
+	b.order(t, "mine", time.Now())
+	theirs := b.order(t, "theirs", time.Now())
+	var ran []string
+	out, errs, err := outbox.HandleGroup(b.ctx, b.db, append([]*broker.Message{live}, mismatched(theirs, "mine")...),
+		func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+			ran = append(ran, m.Topic+"/"+m.Key)
+			return cancelOne(ctx, tx, m)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []outbox.Outcome{outbox.Handled, outbox.SkippedMissing, outbox.SkippedMissing}
+	for i := range want {
+		if out[i] != want[i] || errs[i] != nil {
+			t.Errorf("message %d: %v, %v; want %v", i, out[i], errs[i], want[i])
+		}
+	}
+	if strings.Join(ran, ",") != "order-cancel/live" {
+		t.Fatalf("fn ran for %v; want only the live task", ran)
+	}
+	for _, id := range []string{"mine", "theirs"} {
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", id); info.State != outbox.StatePending {
+			t.Errorf("%s task is %s, want untouched", id, info.State)
+		}
+		if status, _ := b.orderRow(t, id); status != "UNPAID" {
+			t.Errorf("%s order is %s, want untouched", id, status)
+		}
+	}
+}
+
+// HandleGroup keeps what Handle keeps in
+// TestHandle_ConcurrentDuplicatesByKeyHaveOneEffect (handle_test.go).
+// The same for groups: concurrent groups that each carry the by-key
+// message (beside a task of their own) run it once between them.
+func TestHandleGroup_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	shared := b.order(t, "shared", time.Now())
+	shared.TaskID = 0
+	const n = 8
+	own := make([]*broker.Message, n)
+	for i := range own {
+		own[i] = b.order(t, fmt.Sprintf("own-%d", i), time.Now())
+	}
+	var wg sync.WaitGroup
+	outcomes := make([][]outbox.Outcome, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{own[i], shared}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+				return slowIncrement(ctx, tx, m.Key)
+			})
+			if err != nil || errs[0] != nil || errs[1] != nil {
+				t.Errorf("group %d: %v, %v", i, errs, err)
+				return
+			}
+			outcomes[i] = out
+		}()
+	}
+	wg.Wait()
+	handled := 0
+	for i, out := range outcomes {
+		if out == nil {
+			continue
+		}
+		if out[0] != outbox.Handled {
+			t.Errorf("group %d: own task %v, want handled", i, out[0])
+		}
+		switch out[1] {
+		case outbox.Handled:
+			handled++
+		case outbox.SkippedDone:
+		default:
+			t.Errorf("group %d: shared task %v, want handled or skipped: done", i, out[1])
+		}
+	}
+	if _, cancels := b.orderRow(t, "shared"); handled != 1 || cancels != 1 {
+		t.Fatalf("shared task handled %d times, effect applied %d times; want 1 and 1", handled, cancels)
+	}
+	for i := range own {
+		if _, cancels := b.orderRow(t, own[i].Key); cancels != 1 {
+			t.Errorf("%s: effect applied %d times, want 1", own[i].Key, cancels)
+		}
+	}
 }

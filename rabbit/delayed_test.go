@@ -165,3 +165,61 @@ func TestDelayedExchange_LimitsHopPastThePluginMaximum(t *testing.T) {
 		t.Errorf("delayedRoute = %s %s %d", x, key, ms)
 	}
 }
+
+// In delayed-exchange mode the plugin holds each message for its x-delay:
+// read straight from the topic's queue, none arrives before its due time
+// less the mode's precision. (The consumer runtime would hide an early one
+// by holding it.)
+func TestDelayedExchange_NeverReleasesBeforeDue(t *testing.T) {
+	b := delayedSetup(t)
+	topic := "early"
+	pub, _ := b.clients(t, topic)
+	now := time.Now()
+	var msgs []*broker.Message
+	for _, d := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1300 * time.Millisecond} {
+		msgs = append(msgs, &broker.Message{Topic: topic, Key: d.String(), DeliverAt: broker.MillisUTC(now.Add(d))})
+	}
+	if err := pub.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	ch := b.channel(t)
+	deliveries, err := ch.Consume(topology{cfg: b.cfg}.topicQueue(topic), "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	precision := pub.Limits().Precision
+	for range msgs {
+		select {
+		case d := <-deliveries:
+			at := time.Now()
+			m := decodeDelivery(t, d)
+			// The broker's clock may run fast after a clock jump
+			// (brokerClockSlack).
+			if early := m.DeliverAt.Sub(at); early > precision+brokerClockSlack(m.DeliverAt.Sub(now)) {
+				t.Errorf("%s: arrived %v before its due time, more than the precision %v", m.Key, early, precision)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("not every message arrived")
+		}
+	}
+}
+
+// A delay past the plugin's hop is sent as the hop itself, never more.
+func TestDelayedExchange_RouteNeverExceedsTheHop(t *testing.T) {
+	for _, maxHop := range []time.Duration{0, 2 * time.Second} {
+		cfg, err := Config{URL: "amqp://u:p@127.0.0.1:5672/", Mode: ModeDelayedExchange, delayedMaxHop: maxHop}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hop := cfg.delayedHop()
+		topo := topology{cfg: cfg}
+		for _, d := range []time.Duration{hop + time.Millisecond, hop + time.Second, 2*hop - time.Millisecond, 2 * hop, 1000 * hop} {
+			if _, _, ms := topo.delayedRoute(d, "t"); ms != hop.Milliseconds() {
+				t.Errorf("hop %v: delayedRoute(%v) x-delay %d ms, want the hop %d", hop, d, ms, hop.Milliseconds())
+			}
+		}
+		if _, _, ms := topo.delayedRoute(-time.Second, "t"); ms != 0 {
+			t.Errorf("a past due time: x-delay %d, want 0", ms)
+		}
+	}
+}

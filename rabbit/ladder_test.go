@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"strings"
 	"testing"
@@ -391,5 +392,37 @@ func TestTopicQueue_FullQueueNacksThePublish(t *testing.T) {
 	}
 	if ok < 3 || nacked == 0 {
 		t.Errorf("confirmed %d, nacked %d: want the first 3 confirmed and the publishes over the bound nacked", ok, nacked)
+	}
+}
+
+// The ladder's units never exceed its top, whatever the delay asked, so a
+// message is never routed to a level that does not exist; below one hop,
+// the time spent in the ladder is never more than the delay and falls
+// short of it by less than Precision.
+func TestLadder_UnitsStayWithinTheLadderAndThePrecision(t *testing.T) {
+	for _, lead := range []time.Duration{-1, 0, testLead, 3 * testUnit} {
+		cfg, err := Config{URL: "amqp://u:p@127.0.0.1:5672/", Prefix: "p", Unit: testUnit, Depth: testDepth, Lead: lead}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		topo, l := topology{cfg: cfg}, cfg.limits()
+		top := uint64(1)<<testDepth - 1
+		for d := time.Duration(0); d <= 3*l.MaxHop; d += 5 * time.Millisecond {
+			n := topo.units(d)
+			if n > top {
+				t.Fatalf("lead %v: units(%v) = %d, above the top %d", lead, d, n, top)
+			}
+			_, key, _ := topo.ladderRoute(d, "t")
+			if n > 0 && key != topo.levelQueue(bits.Len64(n)-1) {
+				t.Fatalf("lead %v: delay %v routes to %s", lead, d, key)
+			}
+			spent := time.Duration(n) * cfg.Unit
+			if spent > d {
+				t.Fatalf("lead %v: delay %v spends %v in the ladder", lead, d, spent)
+			}
+			if d <= l.MaxHop && d-spent >= l.Precision {
+				t.Fatalf("lead %v: delay %v spends %v, short by %v, not under the precision %v", lead, d, spent, d-spent, l.Precision)
+			}
+		}
 	}
 }

@@ -88,3 +88,51 @@ func TestPublisherAndSubscriber_CloseStopsEveryGoroutine(t *testing.T) {
 		t.Errorf("Publish after Close = %v, want ErrClosed", err)
 	}
 }
+
+// Nack gives the delivery back to the queue, Ack removes it.
+func TestSubscriber_NackRequeuesAckRemoves(t *testing.T) {
+	b := setup(t)
+	topic := "nack"
+	pub, sub := b.clients(t, topic)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deliveries, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, &broker.Message{Topic: topic, Key: "back", DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	next := func(wait time.Duration) *broker.Delivery {
+		select {
+		case d := <-deliveries:
+			return d
+		case <-time.After(wait):
+			return nil
+		}
+	}
+	first := next(30 * time.Second)
+	if first == nil || first.Message == nil || first.Message.Key != "back" {
+		t.Fatalf("first delivery %+v", first)
+	}
+	if err := first.Acker.Nack(); err != nil {
+		t.Fatalf("Nack: %v", err)
+	}
+	again := next(10 * time.Second)
+	if again == nil || again.Message == nil || again.Message.Key != "back" {
+		t.Fatalf("after the Nack got %+v, want the message back", again)
+	}
+	if err := again.Acker.Ack(); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	if d := next(500 * time.Millisecond); d != nil {
+		t.Fatalf("delivered again after its Ack: %+v", d)
+	}
+	q, err := b.channel(t).QueueDeclarePassive(topology{cfg: b.cfg}.topicQueue(topic), true, false, false, false, quorum(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Messages != 0 {
+		t.Errorf("%d messages left in the queue after the Ack", q.Messages)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,6 +185,7 @@ func parseBrokerLimits(props map[string]string) (BrokerLimits, error) {
 
 // ParseLevels reads a messageDelayLevel list as the broker writes it:
 // space-separated numbers with a unit of s, m, h or d ("1s 5s 1m 2h 1d").
+// Each level is positive and fits a time.Duration, and the list ascends.
 func ParseLevels(s string) ([]time.Duration, error) {
 	units := map[byte]time.Duration{'s': time.Second, 'm': time.Minute, 'h': time.Hour, 'd': 24 * time.Hour}
 	var out []time.Duration
@@ -192,6 +194,9 @@ func ParseLevels(s string) ([]time.Duration, error) {
 		n, err := strconv.ParseInt(f[:len(f)-1], 10, 64)
 		if !ok || err != nil || n <= 0 {
 			return nil, fmt.Errorf("level %q: want a positive number and s, m, h or d", f)
+		}
+		if n > math.MaxInt64/int64(unit) {
+			return nil, fmt.Errorf("level %q: longer than the longest duration", f)
 		}
 		out = append(out, time.Duration(n)*unit)
 	}

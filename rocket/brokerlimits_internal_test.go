@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 )
 
@@ -47,6 +48,7 @@ func TestParseBrokerLimits_FromBrokerConfigurations(t *testing.T) {
 		{"timerWheelEnable": "true", "timerMaxDelaySec": "60", "timerPrecisionMs": "0", "messageDelayLevel": "1s"},
 		{"messageDelayLevel": "5s 1s"},
 		{"messageDelayLevel": "1x"},
+		{"messageDelayLevel": "1s 213504d"}, // past the longest duration: would wrap to 25m26s
 		{},
 	} {
 		if b, err := parseBrokerLimits(bad); err == nil {
@@ -62,6 +64,21 @@ func TestResolve_TimerWheelOffRefusesTimerModeAndOffersLevels(t *testing.T) {
 	}
 	if l, err := b.Resolve(TimerLimits(0, 0)); err != nil || len(l.Levels) != 18 {
 		t.Errorf("nothing set on a broker without timers: %+v, %v; want its levels", l, err)
+	}
+}
+
+// A broker without the timer wheel delivers a timer message at once: timer
+// mode is refused there whichever timer field the limits set.
+func TestResolve_RefusesTimerModeWithoutTheTimerWheel(t *testing.T) {
+	b := BrokerLimits{Levels: DefaultLevels()}
+	for name, l := range map[string]broker.Limits{
+		"max hop":   {MaxHop: time.Hour},
+		"precision": {Precision: time.Second},
+		"both":      TimerLimits(time.Hour, time.Second),
+	} {
+		if got, err := b.Resolve(l); !errors.Is(err, ErrLimitsExceedBroker) {
+			t.Errorf("%s: Resolve = %+v, %v; want ErrLimitsExceedBroker", name, got, err)
+		}
 	}
 }
 

@@ -146,3 +146,206 @@ func TestFirst_FindsWhatAClaimWouldTake(t *testing.T) {
 		t.Fatal("First took a state no claim takes")
 	}
 }
+
+// claimAll schedules a task due a second ago for each key and claims them
+// all for owner, oldest first.
+func claimAll(t *testing.T, db *sql.DB, owner int64, keys ...string) []store.Claimed {
+	t.Helper()
+	ctx := context.Background()
+	for i, k := range keys {
+		due := time.Now().Add(time.Duration(i-len(keys)-1) * time.Second)
+		if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "guard", Key: k, DueAt: due}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	batch, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		PublishedAtMost: 1<<63 - 1, Limit: 100, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
+	if err != nil || len(batch) != len(keys) {
+		t.Fatalf("claim: %d rows, %v; want %d", len(batch), err, len(keys))
+	}
+	return batch
+}
+
+func countWhere(t *testing.T, db *sql.DB, where string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE "+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A row whose generation moved while the claim held it (changed by a
+// hand-written UPDATE or an older binary that left the lease) is no longer
+// the claim's: no outcome statement touches it, the confirm included.
+func TestOutcome_ARowOfANewerGenerationIsLeftAloneThoughTheLeaseIsKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := migrated(t)
+	batch := claimAll(t, db, 7, "moved")
+	if _, err := db.Exec("UPDATE delay_task SET generation = generation + 1, due_ms = due_ms + 3600000 WHERE task_key = 'moved'"); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UnixMilli()
+	for name, record := range map[string]func() (int64, error){
+		"MarkPublished": func() (int64, error) { return store.MarkPublished(ctx, db, 7, store.Pending, batch, at) },
+		"MarkFailed": func() (int64, error) {
+			return store.MarkFailed(ctx, db, 7, store.Pending, batch, at, time.Second, time.Minute, 0, "publish failed: reset")
+		},
+		"MarkDead": func() (int64, error) {
+			return store.MarkDead(ctx, db, 7, store.Pending, batch, at, "publish rejected: too large")
+		},
+		"Release": func() (int64, error) { return store.Release(ctx, db, 7, store.Pending, batch) },
+	} {
+		if n, err := record(); err != nil || n != 0 {
+			t.Errorf("%s on a row of a newer generation changed %d rows (%v), want 0", name, n, err)
+		}
+	}
+	if got := countWhere(t, db, "task_key = 'moved' AND state = 'pending' AND generation = 1 AND publish_attempts = 0 AND published_ms = 0 AND last_error IS NULL"); got != 1 {
+		t.Fatal("the row of the newer generation was changed by the old claim's outcome")
+	}
+}
+
+// A transient failure backs a row off by initial × 2^attempts, never more
+// than maxWait, less the skew, from the moment recorded.
+func TestMarkFailed_BackoffDoublesPerAttemptUpToMaxWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := migrated(t)
+	cases := []struct {
+		key         string
+		attempts    int
+		skew        time.Duration
+		wantAfterAt int64 // ms
+	}{
+		{"first", 0, 0, 1000},
+		{"fourth", 3, 0, 8000},
+		{"capped", 5, 0, 30000},
+		{"far-capped", 40, 0, 30000},
+		{"skewed", 40, 10 * time.Second, 20000},
+	}
+	keys := make([]string, len(cases))
+	for i, c := range cases {
+		keys[i] = c.key
+	}
+	batch := claimAll(t, db, 9, keys...)
+	byKey := map[string]store.Claimed{}
+	for _, c := range batch {
+		byKey[c.Message.Key] = c
+	}
+	at := time.Now().UnixMilli()
+	for _, c := range cases {
+		if _, err := db.Exec("UPDATE delay_task SET publish_attempts = ? WHERE task_key = ?", c.attempts, c.key); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := store.MarkFailed(ctx, db, 9, store.Pending, []store.Claimed{byKey[c.key]}, at, time.Second, 30*time.Second, c.skew, "publish failed: reset"); err != nil || n != 1 {
+			t.Fatalf("%s: MarkFailed = %d, %v", c.key, n, err)
+		}
+		var next int64
+		var attempts int
+		if err := db.QueryRow("SELECT next_attempt_ms, publish_attempts FROM delay_task WHERE task_key = ?", c.key).Scan(&next, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		if next-at != c.wantAfterAt || attempts != c.attempts+1 {
+			t.Errorf("%s (%d attempts, skew %v): next attempt %d ms after, %d attempts; want %d ms, %d",
+				c.key, c.attempts, c.skew, next-at, attempts, c.wantAfterAt, c.attempts+1)
+		}
+	}
+}
+
+// A row marked published keeps nothing of its lease: no owner, and no
+// lease expiry in next_attempt_ms, which for a published row holds the
+// scanner's next rescue; the lost-publish clock starts at published_ms.
+func TestMarkPublished_LeavesNoLeaseExpiryBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := migrated(t)
+	batch := claimAll(t, db, 5, "a", "b")
+	at := time.Now().UnixMilli()
+	if n, err := store.MarkPublished(ctx, db, 5, store.Pending, batch, at); err != nil || n != 2 {
+		t.Fatalf("MarkPublished = %d, %v; want 2", n, err)
+	}
+	if got := countWhere(t, db, "state = 'published' AND published_ms = ? AND next_attempt_ms = 0 AND lease_owner = 0", at); got != 2 {
+		t.Fatalf("%d of 2 rows published with neither owner nor lease expiry", got)
+	}
+}
+
+// A claim skips a row a business transaction holds locked (a payment that
+// locked its task to cancel it) and takes the rest at once: it never waits
+// for that transaction, nor makes it wait.
+func TestClaimLeased_SkipsARowABusinessTransactionHoldsWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := migrated(t)
+	for i, k := range []string{"held", "free"} {
+		if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "skip", Key: k, DueAt: time.Now().Add(time.Duration(i-3) * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	payment, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer payment.Rollback() //nolint:errcheck // a no-op after Commit
+	var id int64
+	if err := payment.QueryRowContext(ctx, "SELECT id FROM delay_task WHERE topic = 'skip' AND task_key = 'held' FOR UPDATE").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	// The server's lock wait is far longer than this bound; a claim that
+	// waits for the payment fails here instead.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	now := time.Now()
+	batch, err := store.ClaimLeased(cctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		PublishedAtMost: 1<<63 - 1, Limit: 10, Owner: 3, LeaseUntil: now.Add(time.Minute).UnixMilli()})
+	if err != nil {
+		t.Fatalf("claim beside a held row: %v", err)
+	}
+	if len(batch) != 1 || batch[0].Message.Key != "free" {
+		keys := make([]string, len(batch))
+		for i, c := range batch {
+			keys[i] = c.Message.Key
+		}
+		t.Fatalf("claimed %q, want only the row nobody holds", keys)
+	}
+	if _, err := payment.ExecContext(ctx, "UPDATE delay_task SET state = 'cancelled' WHERE id = ?", id); err != nil {
+		t.Fatal(err)
+	}
+	if err := payment.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := countWhere(t, db, "task_key = 'held' AND state = 'cancelled' AND lease_owner = 0"); got != 1 {
+		t.Fatal("the held row was leased by the claim")
+	}
+}
+
+// A claim of published rows (the scanner's) takes only the rows whose last
+// publish is at most PublishedAtMost: a message just sent is not lost.
+func TestClaimLeased_PublishedRowsOnlyOnceTheirLastPublishIsOldEnough(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := migrated(t)
+	now := time.Now()
+	for key, published := range map[string]time.Time{"long-ago": now.Add(-time.Hour), "just-now": now.Add(-time.Second)} {
+		if _, err := outbox.Schedule(ctx, db, outbox.Task{Topic: "rescue", Key: key, DueAt: now.Add(-2 * time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("UPDATE delay_task SET state = 'published', published_ms = ? WHERE task_key = ?", published.UnixMilli(), key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cutoff := now.Add(-30 * time.Second).UnixMilli()
+	batch, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Published, DueAtMost: cutoff, ReadyAtMost: cutoff,
+		PublishedAtMost: cutoff, Limit: 10, Owner: 4, LeaseUntil: now.Add(time.Minute).UnixMilli()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, c := range batch {
+		keys = append(keys, c.Message.Key)
+	}
+	if fmt.Sprint(keys) != "[long-ago]" {
+		t.Fatalf("claimed %q, want only the row published an hour ago", keys)
+	}
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
+	"log/slog"
 	"net"
 	"net/url"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,10 +18,110 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
-// Tests for the guards that keep the adapter's promises: Publish returns
-// nil only for what the broker confirmed, a delivery is acked only when
-// the runtime acks it, and nothing leaves the broker before it is due.
-// Each was written for a guard whose removal no other test noticed.
+// freezeUp holds what the client sends from now on, and lets the broker's
+// frames (its heartbeats) through: a broker that stopped reading a
+// connection, as one does for a publisher while a memory or disk alarm
+// blocks it.
+func (p *gateProxy) freezeUp() {
+	p.mu.Lock()
+	p.frozen[up], p.held[up] = true, 0
+	p.mu.Unlock()
+}
+
+// Close returns while the broker reads nothing of the connection: it fails
+// what is unconfirmed and closes the socket under the connection rather
+// than wait for a close-ok that comes only when the alarm ends (hours for
+// a disk alarm), which held a stopping daemon until it was killed.
+func TestPublisher_CloseReturnsWhileTheBrokerStopsReading(t *testing.T) {
+	b := setup(t)
+	// Heartbeats every minute: the broker does not give up on the silent
+	// connection within this test, as it does not on one it blocked.
+	b.cfg.Heartbeat = time.Minute
+	topic := "blocked"
+	pub, proxy := proxiedPublisher(t, b, topic, DefaultConfirmWindow)
+	proxy.freezeUp()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := pub.Publish(ctx, guardMsgs(topic, "b", 50)...); err == nil {
+		t.Fatal("Publish through a connection the broker does not read succeeded")
+	}
+	proxy.waitHeld(t, up)
+	closed := make(chan struct{})
+	began := time.Now()
+	go func() { _ = pub.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Logf("Close returned after %v", time.Since(began).Round(100*time.Millisecond))
+	case <-time.After(45 * time.Second):
+		t.Fatal("Close still waits on a broker that does not read the connection")
+	}
+}
+
+// endsAfterFirstCheck is a context that reports itself live to the first
+// Err call and ended to everything after: the caller's deadline passing
+// between the publish loop's check and its publish, as it does when the
+// check is followed by a topic's declaration on a slow broker.
+type endsAfterFirstCheck struct {
+	context.Context
+	checked atomic.Bool
+	done    chan struct{}
+}
+
+func (c *endsAfterFirstCheck) Err() error {
+	if c.checked.CompareAndSwap(false, true) {
+		close(c.done)
+		return nil
+	}
+	return context.DeadlineExceeded
+}
+
+func (c *endsAfterFirstCheck) Done() <-chan struct{} { return c.done }
+
+// warnings keeps the messages of the warnings logged.
+type warnings struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.list = append(w.list, r.Message)
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// A caller whose context ends after the publish loop checked it does not
+// take the publisher's connection down: the message goes out on the
+// channel as it is, and other callers' unconfirmed messages are not failed
+// with it. Handing the context to the client made its end look like a
+// lost channel: every pending confirm failed and the connection was
+// closed and dialled again.
+func TestPublisher_ACallersContextEndingMidPublishKeepsTheConnection(t *testing.T) {
+	b := setup(t)
+	b.cfg.Channels = 1
+	log := &warnings{}
+	b.cfg.Logger = slog.New(log)
+	topic := "ctxend"
+	pub, _ := b.clients(t, topic)
+	ctx := &endsAfterFirstCheck{Context: context.Background(), done: make(chan struct{})}
+	// The caller's own wait sees its context end; the message was sent.
+	_ = pub.Publish(ctx, &broker.Message{Topic: topic, Key: "late-caller", DeliverAt: broker.MillisUTC(time.Now())})
+	live, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pub.Publish(live, &broker.Message{Topic: topic, Key: "next", DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
+		t.Fatalf("the next publish: %v", err)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, w := range log.list {
+		if strings.Contains(w, "lost its channel") {
+			t.Fatalf("a caller's context ending took the connection down: %q", log.list)
+		}
+	}
+}
 
 // gateProxy forwards TCP connections to the broker and can freeze them:
 // while frozen it keeps reading what is sent and holds all of it, and
@@ -478,143 +580,5 @@ func TestPublisher_UndeclarableTopicQueueFailsItsMessages(t *testing.T) {
 	}
 	if errs[1] != nil {
 		t.Errorf("the other topic's message: %v, want confirmed", errs[1])
-	}
-}
-
-// Nack gives the delivery back to the queue, Ack removes it.
-func TestSubscriber_NackRequeuesAckRemoves(t *testing.T) {
-	b := setup(t)
-	topic := "nack"
-	pub, sub := b.clients(t, topic)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	deliveries, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Publish(ctx, &broker.Message{Topic: topic, Key: "back", DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
-		t.Fatal(err)
-	}
-	next := func(wait time.Duration) *broker.Delivery {
-		select {
-		case d := <-deliveries:
-			return d
-		case <-time.After(wait):
-			return nil
-		}
-	}
-	first := next(30 * time.Second)
-	if first == nil || first.Message == nil || first.Message.Key != "back" {
-		t.Fatalf("first delivery %+v", first)
-	}
-	if err := first.Acker.Nack(); err != nil {
-		t.Fatalf("Nack: %v", err)
-	}
-	again := next(10 * time.Second)
-	if again == nil || again.Message == nil || again.Message.Key != "back" {
-		t.Fatalf("after the Nack got %+v, want the message back", again)
-	}
-	if err := again.Acker.Ack(); err != nil {
-		t.Fatalf("Ack: %v", err)
-	}
-	if d := next(500 * time.Millisecond); d != nil {
-		t.Fatalf("delivered again after its Ack: %+v", d)
-	}
-	q, err := b.channel(t).QueueDeclarePassive(topology{cfg: b.cfg}.topicQueue(topic), true, false, false, false, quorum(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q.Messages != 0 {
-		t.Errorf("%d messages left in the queue after the Ack", q.Messages)
-	}
-}
-
-// In delayed-exchange mode the plugin holds each message for its x-delay:
-// read straight from the topic's queue, none arrives before its due time
-// less the mode's precision. (The consumer runtime would hide an early one
-// by holding it.)
-func TestDelayedExchange_NeverReleasesBeforeDue(t *testing.T) {
-	b := delayedSetup(t)
-	topic := "early"
-	pub, _ := b.clients(t, topic)
-	now := time.Now()
-	var msgs []*broker.Message
-	for _, d := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1300 * time.Millisecond} {
-		msgs = append(msgs, &broker.Message{Topic: topic, Key: d.String(), DeliverAt: broker.MillisUTC(now.Add(d))})
-	}
-	if err := pub.Publish(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
-	ch := b.channel(t)
-	deliveries, err := ch.Consume(topology{cfg: b.cfg}.topicQueue(topic), "", true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	precision := pub.Limits().Precision
-	for range msgs {
-		select {
-		case d := <-deliveries:
-			at := time.Now()
-			m := decodeDelivery(t, d)
-			// The broker's clock may run fast after a clock jump
-			// (brokerClockSlack).
-			if early := m.DeliverAt.Sub(at); early > precision+brokerClockSlack(m.DeliverAt.Sub(now)) {
-				t.Errorf("%s: arrived %v before its due time, more than the precision %v", m.Key, early, precision)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("not every message arrived")
-		}
-	}
-}
-
-// The ladder's units never exceed its top, whatever the delay asked, so a
-// message is never routed to a level that does not exist; below one hop,
-// the time spent in the ladder is never more than the delay and falls
-// short of it by less than Precision.
-func TestLadder_UnitsStayWithinTheLadderAndThePrecision(t *testing.T) {
-	for _, lead := range []time.Duration{-1, 0, testLead, 3 * testUnit} {
-		cfg, err := Config{URL: "amqp://u:p@127.0.0.1:5672/", Prefix: "p", Unit: testUnit, Depth: testDepth, Lead: lead}.withDefaults()
-		if err != nil {
-			t.Fatal(err)
-		}
-		topo, l := topology{cfg: cfg}, cfg.limits()
-		top := uint64(1)<<testDepth - 1
-		for d := time.Duration(0); d <= 3*l.MaxHop; d += 5 * time.Millisecond {
-			n := topo.units(d)
-			if n > top {
-				t.Fatalf("lead %v: units(%v) = %d, above the top %d", lead, d, n, top)
-			}
-			_, key, _ := topo.ladderRoute(d, "t")
-			if n > 0 && key != topo.levelQueue(bits.Len64(n)-1) {
-				t.Fatalf("lead %v: delay %v routes to %s", lead, d, key)
-			}
-			spent := time.Duration(n) * cfg.Unit
-			if spent > d {
-				t.Fatalf("lead %v: delay %v spends %v in the ladder", lead, d, spent)
-			}
-			if d <= l.MaxHop && d-spent >= l.Precision {
-				t.Fatalf("lead %v: delay %v spends %v, short by %v, not under the precision %v", lead, d, spent, d-spent, l.Precision)
-			}
-		}
-	}
-}
-
-// A delay past the plugin's hop is sent as the hop itself, never more.
-func TestDelayedExchange_RouteNeverExceedsTheHop(t *testing.T) {
-	for _, maxHop := range []time.Duration{0, 2 * time.Second} {
-		cfg, err := Config{URL: "amqp://u:p@127.0.0.1:5672/", Mode: ModeDelayedExchange, delayedMaxHop: maxHop}.withDefaults()
-		if err != nil {
-			t.Fatal(err)
-		}
-		hop := cfg.delayedHop()
-		topo := topology{cfg: cfg}
-		for _, d := range []time.Duration{hop + time.Millisecond, hop + time.Second, 2*hop - time.Millisecond, 2 * hop, 1000 * hop} {
-			if _, _, ms := topo.delayedRoute(d, "t"); ms != hop.Milliseconds() {
-				t.Errorf("hop %v: delayedRoute(%v) x-delay %d ms, want the hop %d", hop, d, ms, hop.Milliseconds())
-			}
-		}
-		if _, _, ms := topo.delayedRoute(-time.Second, "t"); ms != 0 {
-			t.Errorf("a past due time: x-delay %d, want 0", ms)
-		}
 	}
 }

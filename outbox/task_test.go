@@ -73,38 +73,3 @@ func TestCalls_RefuseATopicOrKeyNoTaskCanHave(t *testing.T) {
 		}
 	}
 }
-
-// Handle, HandleGroup and the cleaner refuse nil parts instead of
-// panicking (after a transaction began, for some of them).
-func TestHandleAndCleaner_RefuseNilParts(t *testing.T) {
-	ctx := context.Background()
-	msg := &broker.Message{Topic: "t", Key: "k", DeliverAt: time.Now()}
-	fn := func(context.Context, *sql.Tx) error { return nil }
-	db, err := sql.Open("mysql", "u:p@tcp(127.0.0.1:1)/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := outbox.Handle(ctx, nil, msg, fn); !errors.Is(err, outbox.ErrNoQuerier) {
-		t.Errorf("Handle with a nil db: %v", err)
-	}
-	if _, err := outbox.Handle(ctx, db, nil, fn); err == nil {
-		t.Error("Handle with a nil message succeeded")
-	}
-	if _, err := outbox.Handle(ctx, db, msg, nil); err == nil {
-		t.Error("Handle with a nil function succeeded")
-	}
-	gfn := func(context.Context, *sql.Tx, *broker.Message) error { return nil }
-	if _, _, err := outbox.HandleGroup(ctx, nil, []*broker.Message{msg}, gfn); !errors.Is(err, outbox.ErrNoQuerier) {
-		t.Errorf("HandleGroup with a nil db: %v", err)
-	}
-	if _, _, err := outbox.HandleGroup(ctx, db, []*broker.Message{msg}, nil); err == nil {
-		t.Error("HandleGroup with a nil function succeeded")
-	}
-	if _, _, err := outbox.HandleGroup(ctx, db, []*broker.Message{msg, nil}, gfn); err == nil {
-		t.Error("HandleGroup with a nil message succeeded")
-	}
-	if _, err := outbox.NewCleaner(nil, outbox.CleanerConfig{}).Once(ctx); !errors.Is(err, outbox.ErrNoQuerier) {
-		t.Errorf("a cleaner without a database: %v", err)
-	}
-}
