@@ -216,7 +216,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 // RegisterDatabaseFlags adds --mysql-dsn and --mysql-tls-*, bound to dsn
 // and tls.
 func RegisterDatabaseFlags(fs *pflag.FlagSet, dsn *string, tls *TLSFiles) {
-	fs.StringVar(dsn, "mysql-dsn", *dsn, "MySQL/MariaDB DSN of the outbox database (go-sql-driver format); required, but demo and bench fall back to the local development database")
+	fs.StringVar(dsn, "mysql-dsn", *dsn, "MySQL/MariaDB DSN of the outbox (go-sql-driver format)")
 	tls.Register(fs, "mysql", "the database")
 }
 
@@ -225,37 +225,37 @@ func RegisterDatabaseFlags(fs *pflag.FlagSet, dsn *string, tls *TLSFiles) {
 // apart as only consumers use them.
 func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Broker, "broker", c.Broker, "broker adapter: rabbit or rocket")
-	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ AMQP URL (amqps:// for TLS); required with --broker rabbit, but demo and bench fall back to the local development RabbitMQ")
-	fs.StringSliceVar(&c.AMQPNodes, "amqp-nodes", c.AMQPNodes, "the other nodes of --amqp-url's RabbitMQ cluster as host:port, comma-separated; they take --amqp-url's credentials, vhost and TLS, and every reconnect moves on to the next node that answers")
-	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "RabbitMQ delay mode: ladder (no plugin, quorum queues) or delayed-exchange (rabbitmq_delayed_message_exchange plugin)")
-	fs.Var(nonEmpty{&c.RabbitPrefix}, "rabbit-prefix", "prefix of every RabbitMQ exchange and queue delaybridge declares; the relay and every consumer must use the same")
-	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "ladder unit: the smallest delay step, a whole number of milliseconds")
-	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how much earlier than due the ladder releases a message; the consumer holds it until due, so it counts against --rabbit-prefetch meanwhile; the relay's default lookahead equals it (0 = the default, 10s or half of one ladder hop if less; negative = none)")
-	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: one hop covers unit × (2^depth − 1)")
-	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "x-max-length of each ladder queue and topic queue (a publish over it is nacked and retried later; -1 = no bound); changing it needs the queues deleted first")
-	fs.StringVar(&c.RabbitDeadLettering, "rabbit-dead-lettering", c.RabbitDeadLettering, "how the ladder's levels hand an expired message on: at-least-once, or at-most-once for a RabbitMQ cluster before 3.12.5 (a lost node then stalls nothing; a message dropped meanwhile is published again by the scanner after --grace); every process must use the same, and changing it needs the ladder's queues deleted first")
-	fs.StringVar(&c.RocketNameServers, "rocketmq-namesrv", c.RocketNameServers, "RocketMQ name servers, comma separated host:port")
-	fs.StringVar(&c.RocketMode, "rocketmq-mode", c.RocketMode, "RocketMQ delay mode: timer (RocketMQ 5 timer messages) or levels (4.x delay levels)")
-	fs.DurationVar(&c.RocketMaxDelay, "rocketmq-max-delay", c.RocketMaxDelay, "longest timer hop (timer mode; 0 = the brokers' timerMaxDelaySec, read at start; more than theirs is refused), or the highest level to use (levels mode, 0 = all)")
-	fs.DurationVar(&c.RocketPrecision, "rocketmq-precision", c.RocketPrecision, "timer precision (timer mode; 0 = the brokers' timerPrecisionMs, read at start; finer than theirs is refused)")
+	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ URL, amqp:// or amqps:// for TLS")
+	fs.StringSliceVar(&c.AMQPNodes, "amqp-nodes", c.AMQPNodes, "other RabbitMQ cluster nodes, host:port,... (failover)")
+	fs.StringVar(&c.RabbitMode, "rabbit-mode", c.RabbitMode, "delay mode: ladder or delayed-exchange")
+	fs.Var(nonEmpty{&c.RabbitPrefix}, "rabbit-prefix", "exchange and queue name prefix")
+	fs.DurationVar(&c.RabbitUnit, "rabbit-unit", c.RabbitUnit, "smallest ladder step, whole milliseconds")
+	fs.DurationVar(&c.RabbitLead, "rabbit-lead", c.RabbitLead, "how early the ladder delivers (0 = default, <0 = none)")
+	fs.IntVar(&c.RabbitDepth, "rabbit-depth", c.RabbitDepth, "ladder depth: hops reach unit × (2^depth − 1)")
+	fs.IntVar(&c.RabbitMaxLength, "rabbit-max-length", c.RabbitMaxLength, "bound on each queue's length (-1 = none)")
+	fs.StringVar(&c.RabbitDeadLettering, "rabbit-dead-lettering", c.RabbitDeadLettering, "ladder hops: at-least-once or at-most-once")
+	fs.StringVar(&c.RocketNameServers, "rocketmq-namesrv", c.RocketNameServers, "name servers, host:port,...")
+	fs.StringVar(&c.RocketMode, "rocketmq-mode", c.RocketMode, "delay mode: timer or levels (4.x delay levels)")
+	fs.DurationVar(&c.RocketMaxDelay, "rocketmq-max-delay", c.RocketMaxDelay, "longest timer hop or delay level (0 = the brokers')")
+	fs.DurationVar(&c.RocketPrecision, "rocketmq-precision", c.RocketPrecision, "timer precision (0 = the brokers' timerPrecisionMs)")
 	fs.StringVar(&c.RocketLevels, "rocketmq-levels", c.RocketLevels, "the broker's messageDelayLevel list (levels mode)")
-	fs.StringVar(&c.RocketBrokerAddr, "rocketmq-broker-addr", c.RocketBrokerAddr, "RocketMQ broker address where topics are created (demo, bench, doctor, and consumers with --rocketmq-create-topics)")
+	fs.StringVar(&c.RocketBrokerAddr, "rocketmq-broker-addr", c.RocketBrokerAddr, "broker to create topics on")
 	c.AMQPTLS.Register(fs, "amqp", "RabbitMQ")
 	fs.StringVar(&c.RocketAccessKey, "rocketmq-access-key", c.RocketAccessKey, "RocketMQ ACL access key (with --rocketmq-secret-key)")
-	fs.StringVar(&c.RocketSecretKey, "rocketmq-secret-key", c.RocketSecretKey, "RocketMQ ACL secret key; prefer --rocketmq-secret-key-file or the environment")
-	fs.BoolVar(&c.RocketTLS, "rocketmq-tls", c.RocketTLS, "talk TLS to the RocketMQ name servers and brokers; the client does not verify their certificates (see SECURITY.md)")
-	fs.StringVar(&c.SigningKeys, "signing-keys", c.SigningKeys, "sign every message and refuse deliveries not signed by these keys: id:base64secret entries (secret at least 32 bytes), comma separated, the first signs; give every relay and consumer the same keys (see SECURITY.md); prefer --signing-keys-file")
+	fs.StringVar(&c.RocketSecretKey, "rocketmq-secret-key", c.RocketSecretKey, "ACL secret key (prefer --rocketmq-secret-key-file)")
+	fs.BoolVar(&c.RocketTLS, "rocketmq-tls", c.RocketTLS, "TLS to RocketMQ, certificates unverified (see SECURITY.md)")
+	fs.StringVar(&c.SigningKeys, "signing-keys", c.SigningKeys, "sign and check messages: id:base64secret,... (first signs)")
 	RegisterSecretFiles(fs)
 }
 
 // RegisterConsumerFlags adds the settings only consumers use: RabbitMQ
 // prefetch, RocketMQ consumer groups and topic creation.
 func (c *Config) RegisterConsumerFlags(fs *pflag.FlagSet) {
-	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries each consumer subscription may hold, early ones held until due included: keep it above the due rate per second × (unit + lead); at most 65535")
-	fs.Var(nonEmpty{&c.RocketGroupPrefix}, "rocketmq-group-prefix", "prefix of RocketMQ consumer group names: topic T is consumed in group <prefix>-T")
-	fs.IntVar(&c.RocketConsumeGoroutines, "rocketmq-consume-goroutines", c.RocketConsumeGoroutines, "deliveries each RocketMQ consumer subscription may hold unsettled, early ones held until due included: keep it above the due rate per topic per second × the brokers' timerPrecisionMs")
-	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of the topics created on --rocketmq-broker-addr")
-	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "a consumer creates its topics, their retry topics and the dead-letter topic on --rocketmq-broker-addr when it starts (demo and bench always do)")
+	fs.IntVar(&c.RabbitPrefetch, "rabbit-prefetch", c.RabbitPrefetch, "unacked deliveries per subscription")
+	fs.Var(nonEmpty{&c.RocketGroupPrefix}, "rocketmq-group-prefix", "consumer group name prefix")
+	fs.IntVar(&c.RocketConsumeGoroutines, "rocketmq-consume-goroutines", c.RocketConsumeGoroutines, "unsettled deliveries per subscription")
+	fs.IntVar(&c.RocketQueues, "rocketmq-queues", c.RocketQueues, "read and write queues of each topic created")
+	fs.BoolVar(&c.RocketCreateTopics, "rocketmq-create-topics", c.RocketCreateTopics, "consumers create their topics when they start")
 }
 
 // nonEmpty is a string flag that refuses "": a setting whose zero value

@@ -55,7 +55,7 @@ func IsSecretSetting(name string) bool {
 func RegisterSecretFiles(fs *pflag.FlagSet) {
 	for _, name := range secretSettings() {
 		if f := fs.Lookup(name); f != nil && fs.Lookup(name+SecretFileSuffix) == nil {
-			fs.String(name+SecretFileSuffix, "", "read --"+name+" from this file (one line; trailing newline ignored)")
+			fs.String(name+SecretFileSuffix, "", "read --"+name+" from this file (one line)")
 		}
 	}
 }

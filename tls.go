@@ -26,10 +26,10 @@ type TLSFiles struct {
 // Register adds the --<name>-tls-* flags of t to fs; what names the
 // server in their help.
 func (t *TLSFiles) Register(fs *pflag.FlagSet, name, what string) {
-	fs.StringVar(&t.CA, name+"-tls-ca", t.CA, "PEM file of the CA certificates that verify "+what+"'s certificate (default: the system's); setting any --"+name+"-tls-* flag turns TLS on")
-	fs.StringVar(&t.Cert, name+"-tls-cert", t.Cert, "PEM file of the client certificate to present to "+what+" (with --"+name+"-tls-key)")
+	fs.StringVar(&t.CA, name+"-tls-ca", t.CA, "PEM CA certificates for "+what+" (default: the system's)")
+	fs.StringVar(&t.Cert, name+"-tls-cert", t.Cert, "PEM client certificate for "+what+", with --"+name+"-tls-key")
 	fs.StringVar(&t.Key, name+"-tls-key", t.Key, "PEM file of the client certificate's private key")
-	fs.StringVar(&t.ServerName, name+"-tls-server-name", t.ServerName, "name to verify "+what+"'s certificate against (default: the host of the address)")
+	fs.StringVar(&t.ServerName, name+"-tls-server-name", t.ServerName, "name "+what+"'s certificate must hold (default: its host)")
 }
 
 // On reports whether any of the files or the server name is set.

@@ -103,7 +103,7 @@ says how many tasks it would replay. It replays in transactions of
 	rf := replay.Flags()
 	rf.StringVar(&bulk.topic, "topic", "", "replay every dead task of this topic")
 	rf.BoolVar(&bulk.all, "all", false, "replay every dead task of every topic")
-	rf.StringVar(&bulk.since, "since", "", "only tasks that went dead since WHEN: RFC 3339 or a duration ago (2h); with --topic or --all")
+	rf.StringVar(&bulk.since, "since", "", "only tasks dead since WHEN (RFC 3339 or duration ago); with --topic/--all")
 	rf.BoolVar(&bulk.yes, "yes", false, "replay for real; without it a bulk replay only counts")
 	cmd.AddCommand(list, replay)
 	return cmd

@@ -184,7 +184,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 	f.DurationVar(&spread, "spread", 3*time.Second, "how long creating the orders takes")
 	f.Float64Var(&payRatio, "pay-ratio", 0.5, "share of orders a customer tries to pay")
 	f.BoolVar(&asJSON, "json", false, "end with one JSON object on the last line")
-	f.DurationVar(&wait, "wait", 60*time.Second, "how long past the last timeout to wait for every order to settle")
+	f.DurationVar(&wait, "wait", 60*time.Second, "wait past the last timeout for orders to settle")
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the demo runs (empty = off)")
 	return cmd
 }

@@ -59,7 +59,8 @@ DELAYBRIDGE_MYSQL_DSN_FILE) that reads the value from a file, so the secret
 stays out of the process list, the environment and the config file. Secrets
 are never printed: passwords in DSNs and URLs are redacted in every message.
 TLS: --mysql-tls-ca/-cert/-key/-server-name, --amqp-tls-ca/-cert/-key/-server-name
-with an amqps:// URL, --rocketmq-tls; see SECURITY.md.`,
+with an amqps:// URL, --rocketmq-tls; see SECURITY.md. Each flag's help is
+one line; docs/flags.md says what the line leaves out.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {

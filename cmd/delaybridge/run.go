@@ -193,24 +193,24 @@ back (up to --drain) and exits 0.`,
 	}
 	f := cmd.Flags()
 	bf.registerRelay(f)
-	f.StringVar(&httpAddr, "http", defaultRunHTTP, "address of the metrics and health endpoint")
+	f.StringVar(&httpAddr, "http", defaultRunHTTP, "metrics and health address")
 	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
 	f.IntVar(&batch, "batch", outbox.DefaultBatchSize, "rows one relay claim takes")
 	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
 	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
-	f.DurationVar(&grace, "grace", 0, "how far past due a published, unfinished task is rescued by the scanner (0 = the library's default: 10s plus the broker's precision)")
-	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "how long done and cancelled tasks are kept after their due time and after they finished, whichever is later")
-	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of its time the cleaner spends deleting; it pauses between batches for the rest, so order transactions keep their latency (1 = back to back)")
+	f.DurationVar(&grace, "grace", 0, "how far past due the scanner rescues a task (0 = default)")
+	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "keep done and cancelled tasks this long")
+	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of time spent deleting (1 = nonstop)")
 	f.BoolVar(&noScan, "no-scanner", false, "do not run the scanner in this process")
 	f.BoolVar(&noClean, "no-cleaner", false, "do not run the cleaner in this process")
-	f.DurationVar(&statsEach, "stats-interval", outbox.DefaultStatsInterval, "how often the task counts that status and /metrics read are recounted, by one daemon of several (0 = never in this process)")
+	f.DurationVar(&statsEach, "stats-interval", outbox.DefaultStatsInterval, "how often to recount tasks (0 = never here)")
 	f.DurationVar(&drain, "drain", 30*time.Second, "how long shutdown waits for running batches")
-	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "how long one batch's publish may take before its rows are retried later; no database lock is held meanwhile")
-	f.IntVar(&mTopics, "metrics-topics", maxTopicSeries, "the most topics /metrics reports each state's tasks for; the rest are summed under topic=\"(other)\"")
-	f.StringVar(&shardName, "shard-name", "", "the outbox shard this daemon serves, for a sharded database (one daemon per shard, see docs/deployment.md): labels its logs and every metric shard=NAME")
-	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one relay claim may hold in memory (it always takes at least one row)")
-	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics the relay publishes, comma-separated; a row of another goes dead (default: any, up to --relay-max-topics; see docs/brokers.md)")
-	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "the most distinct topics the relay publishes since it started; a row of a topic past it goes dead (-1 = no bound; see docs/brokers.md)")
+	f.DurationVar(&pubWait, "publish-timeout", outbox.DefaultPublishTimeout, "time limit of one batch's publish")
+	f.IntVar(&mTopics, "metrics-topics", maxTopicSeries, "topics named on /metrics; more are \"(other)\"")
+	f.StringVar(&shardName, "shard-name", "", "outbox shard this daemon serves, labels logs and metrics")
+	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one claim holds at most")
+	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics relayed (default: any); others go dead")
+	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "most topics relayed; more go dead (-1 = any)")
 	return cmd
 }
 
@@ -312,11 +312,13 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 }
 
 // lookaheadHelp documents --lookahead for run and bench.
-const lookaheadHelp = "publish only tasks due within this window; the rest wait in the database, where cancelling costs nothing (default: the broker's, RabbitMQ the ladder's lead, 10s (the delayed exchange 5s), and RocketMQ 60s; see docs/tuning.md; 0 = every pending task at once)"
+const lookaheadHelp = "publish this far ahead of due (default: broker's; 0 = all)"
 
-const relayWorkersHelp = "concurrent relay claim loops while the relay is behind, one at a time while it is ahead and consumers have due work (0 = the broker's advice: 8 on RocketMQ, whose timed sends wait on the broker's store, 4 on RabbitMQ)"
+// relayWorkersHelp documents --relay-workers for run and bench.
+const relayWorkersHelp = "relay claim loops (0 = broker's: 8 RocketMQ, 4 RabbitMQ)"
 
-const relayPaceHelp = "how long a relay loop waits after a claim that did not fill its batch while it publishes ahead (at most a fifth of the lookahead): tasks are claimed in batches as they come into the lookahead; one due sooner than two paces wakes the relay at once (negative = claim again at once)"
+// relayPaceHelp documents --relay-pace for run and bench.
+const relayPaceHelp = "wait after a short relay claim (<0 = none)"
 
 // lookaheadSetting turns --lookahead into RelayConfig.Lookahead: unset is
 // the broker's advice (0), an explicit 0 every pending task at once (-1).

@@ -37,7 +37,7 @@ type shardFlags struct {
 }
 
 func (s *shardFlags) register(f *pflag.FlagSet) {
-	f.StringArrayVar(&s.raw, "shard", nil, "an outbox shard as NAME=DSN, or NAME=@FILE to read the DSN from FILE (keeps the password out of the process list); repeat for every shard; replaces --mysql-dsn")
+	f.StringArrayVar(&s.raw, "shard", nil, "an outbox shard NAME=DSN or NAME=@FILE, repeatable")
 }
 
 // parse validates every --shard: a legal, unique name and a non-empty DSN

@@ -129,9 +129,9 @@ naming it. A shard it cannot read is reported and the others still are.`,
 	}
 	sf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
-	cmd.Flags().BoolVar(&live, "live", false, "count the whole table now instead of reading the summary that delaybridge run keeps (slow on a large outbox)")
-	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due an unfinished task counts as overdue (0 or more)")
-	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back completed tasks feed the lateness summary (0 = no summary)")
+	cmd.Flags().BoolVar(&live, "live", false, "count the table now, not the counts run keeps (slow on a large outbox)")
+	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how far past due an unfinished task counts as overdue")
+	cmd.Flags().DurationVar(&window, "window", 10*time.Minute, "how far back finished tasks feed lateness (0 = none)")
 	return cmd
 }
 
