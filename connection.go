@@ -224,10 +224,9 @@ func interpolationSafe(collation string) bool {
 // database/sql keeps 2 unless told, and closes every other connection as
 // it is released; a relay's claim loops (8 on RocketMQ) and probe, the
 // scanner, the cleaner and a consumer's group workers (up to 8) use up to
-// about twenty at once, so with 2 a busy process opened a new connection
-// for most claims and groups: 95 in one run of the 5,000-a-second bench,
-// against 14 with its pool kept. A service that opens its own *sql.DB for
-// NewClient should keep as many.
+// about twenty at once, so with 2 a busy process opens a new connection
+// for most claims and groups (docs/tuning.md, "The defaults"). A service
+// that opens its own *sql.DB for NewClient should keep as many.
 const DefaultMaxIdleConns = 20
 
 // OpenDB opens and pings the outbox database, keeping up to

@@ -150,11 +150,10 @@ const (
 	// still passes a consumer whose clock runs behind the producer's.
 	DefaultMaxDelay = 10*365*24*time.Hour + 24*time.Hour
 	// DefaultGroupSize: up to 200 tasks a transaction. One transaction a
-	// task makes the database the limit; on 5,000 tasks due a second,
-	// groups of up to 200 cost about a sixth less CPU a task than groups of
-	// 50 and kept the RabbitMQ p99 at 0.4–2.2 s where 50 gave 2.5–4.4 s on the
-	// same box (docs/tuning.md). A group holds its rows' locks until it
-	// commits: about 0.3 s at that load, a few ms when groups are small.
+	// task makes the database the limit. Under load, larger groups cost
+	// less CPU a task and keep tasks closer to on time. What they trade: a
+	// group holds its rows' locks until it commits, longer the larger it
+	// is. The figures are in docs/tuning.md, "Why these values".
 	DefaultGroupSize = 200
 )
 

@@ -32,9 +32,9 @@ type CleanerConfig struct {
 
 // DefaultCleanerDuty keeps the cleaner deleting 15 % of the time. Deleting
 // back to back takes most of a small server's cores and slows the order
-// transaction several times over; at this duty, with DefaultCleanerBatchSize,
-// the cleaner still deletes faster than a busy service finishes tasks
-// (BENCHMARKS.md, BenchmarkCleaner).
+// transaction. At this duty, with DefaultCleanerBatchSize, the cleaner
+// still deletes faster than a busy service finishes tasks (BENCHMARKS.md,
+// "The cleaner").
 const DefaultCleanerDuty = 0.15
 
 // Defaults of the other CleanerConfig fields.

@@ -20,7 +20,7 @@ import (
 type RelayConfig struct {
 	// BatchSize is how many rows one claim takes. Default
 	// DefaultBatchSize: larger claims relayed faster than 500
-	// (BENCHMARKS.md, Relay throughput).
+	// (BENCHMARKS.md, "Relay throughput").
 	BatchSize int
 	// Workers is how many claim loops run at once. Their claims take
 	// turns, each past the last full batch while they drain a backlog,
@@ -64,9 +64,9 @@ type RelayConfig struct {
 	// and no claim that took a row, the probe's wait doubles per look up
 	// to ProbeMax; a look that finds a row, or follows a Nudge or such a
 	// claim, puts it back at Probe. A
-	// wake-up costs a process far more CPU than the read (on a small VM a
-	// timer tick alone cost 0.2 ms), so an idle relay polling every 50 ms
-	// spent 1.5 % of a core. Default DefaultProbeMax, or Probe when that is
+	// wake-up costs a process far more CPU than the read, so how often an
+	// idle relay wakes decides most of its CPU (BENCHMARKS.md, "Idle").
+	// Default DefaultProbeMax, or Probe when that is
 	// longer; set it to Probe to keep one rate. It must be at least Probe.
 	ProbeMax time.Duration
 	// RetryInitial and RetryMax shape the per-row delay after a transient
@@ -180,31 +180,32 @@ const (
 	DefaultWorkers = 4
 	DefaultLease   = 30 * time.Second
 	// DefaultProbe: a task scheduled by another process reaches the
-	// broker within about 50 ms of coming due, for 20 one-row index
+	// broker within about one probe of coming due, for 20 one-row index
 	// reads a second.
 	DefaultProbe = 50 * time.Millisecond
 	// DefaultProbeMax: a task that comes after ProbeQuietLooks looks found
 	// nothing reaches the broker within about 80 ms, under the 100 ms an
-	// out-of-process relay promises, for 12.5 reads a second. Against a
-	// 200 ms quiet probe it cost an idle daemon and consumer 0.3 % of a
-	// core more (0.80–0.94 % against 0.50–0.66 %, BENCHMARKS.md "Idle").
+	// out-of-process relay promises, for 12.5 reads a second. A slower
+	// quiet probe costs an idle process less CPU but breaks that promise
+	// (BENCHMARKS.md, "Idle").
 	DefaultProbeMax = 80 * time.Millisecond
 	// ProbeQuietLooks is how many looks in a row that find nothing make a
 	// relay quiet, its probe slowing towards ProbeMax: 10 s at the
 	// default Probe.
 	ProbeQuietLooks = 200
-	// DefaultPace: a relay publishing 5,000 tasks a second ahead claims
-	// them about 1,000 at a time, and a task still reaches the broker a
-	// lookahead less a second before it is due. Never more than a fifth of
-	// the lookahead.
+	// DefaultPace: a relay publishing ahead claims about a second of due
+	// tasks at a time, up to BatchSize, and a task still reaches the broker
+	// a lookahead less a second before it is due. Never more than a fifth
+	// of the lookahead.
 	DefaultPace = time.Second
 	// DefaultMaxBatchBytes is 64 MiB: a batch of 1,000 tasks of 64 KiB
 	// each, or 16 of the largest payloads Schedule accepts.
 	DefaultMaxBatchBytes = 64 << 20
 	// DefaultMaxTopics: a relay publishes at most 64 topics unless told
 	// otherwise. On RabbitMQ each is a quorum queue, a few file handles
-	// and some memory on every node; 200 topics written in 2 s took all
-	// of a node's file handles (ulimit -n 1024).
+	// and some memory on every node. A burst of new topics can take all of
+	// a node's file handles (docs/brokers.md, "What a topic costs the
+	// broker").
 	DefaultMaxTopics = 64
 )
 

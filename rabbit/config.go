@@ -62,7 +62,7 @@ const (
 	AtLeastOnce DeadLettering = iota
 	// AtMostOnce lets each level's leader publish the expired message
 	// itself, unconfirmed: after a node is lost delivery resumes as soon as
-	// the new leaders are elected (BENCHMARKS.md, RabbitMQ adapter). A
+	// the new leaders are elected (BENCHMARKS.md, "RabbitMQ adapter"). A
 	// message that expires into a queue whose leader is being elected, or
 	// into a full one, is dropped; its task is still published in the
 	// outbox, so the scanner publishes it again after its grace: late,
@@ -108,11 +108,12 @@ const (
 	// than the lead skips the ladder: with the relay's default lookahead,
 	// which equals it, the relay's messages go straight to their topic's
 	// queue and never pay a dead-letter hop. Hops are what RabbitMQ does
-	// worst: at thousands of tasks due a second, a few hops each leave
-	// them seconds late where no hops keep them on time (BENCHMARKS.md).
-	// Ten seconds lets the relay publish a spike of tasks before it comes
-	// due instead of while it is handled: on 5,000 tasks due a second for
-	// 10 s, the p99 was about half what 5 s gave (docs/tuning.md).
+	// worst: at a high due rate, tasks that hop arrive late and tasks that
+	// skip the ladder arrive on time. Ten seconds lets the relay publish a
+	// spike of tasks before it comes due instead of while it is handled.
+	// A longer lead costs consumer memory (DefaultPrefetch). The figures
+	// are in BENCHMARKS.md, "Choosing the lookahead, the lead and what is
+	// in flight".
 	DefaultLead = 10 * time.Second
 	// DefaultMaxLength is the x-max-length guard on each ladder queue.
 	DefaultMaxLength = 5_000_000
@@ -126,8 +127,8 @@ const (
 	// Early messages the runtime holds count against it, so it bounds the
 	// due rate one subscription sustains at Prefetch / (Unit + Lead): with
 	// the defaults about 5.9k tasks/s. The messages held cost the consumer
-	// about their size in memory: at 5,000 due a second, about 60 MB more
-	// than with half the lead and prefetch.
+	// about their size in memory (BENCHMARKS.md, "Choosing the lookahead,
+	// the lead and what is in flight").
 	DefaultPrefetch = 60000
 	// MaxPrefetch is the largest Prefetch: AMQP's prefetch count is 16 bits.
 	MaxPrefetch = 65535
@@ -152,7 +153,7 @@ const MaxDelayedExchangeHop = math.MaxUint32 * time.Millisecond
 
 // LadderLookahead and DelayedExchangeLookahead are the relay's default
 // lookahead on RabbitMQ (broker.Limits.Lookahead). RabbitMQ 3.10 quorum
-// queues keep waiting messages in memory (about 1 KB each) and every
+// queues keep every waiting message in memory and every
 // ladder level a message passes costs a dead-letter hop, so the broker
 // holds only the next seconds: the ladder's lookahead is its lead
 // (DefaultLead unless set), or its unit where that is longer, so what the

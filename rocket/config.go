@@ -126,19 +126,19 @@ const (
 	// RocketMQ (broker.Limits.RelayWorkers), set on Config.Limits when it
 	// has none. A timed send waits for the broker's store, so a loop
 	// spends most of a batch waiting on its sends, and with 4 loops the
-	// claims and marks between them left the publisher idle: on 2 cores
-	// 8 loops relayed at 0.85-0.88 of a raw confirmed publish against
-	// 0.75-0.77 with 4, in alternating runs (RabbitMQ, whose publishes
-	// are cheaper, did no better with 8 and keeps the relay's 4).
+	// claims and marks between them left the publisher idle; 8 relay
+	// faster. RabbitMQ, whose publishes are cheaper, does no better with
+	// 8 and keeps the relay's 4. The figures are in docs/tuning.md, "Why
+	// these values".
 	DefaultRelayWorkers = 8
 	// DefaultLookahead is the relay's default lookahead on RocketMQ
 	// (broker.Limits.Lookahead), set on Config.Limits when it has none.
 	// The timer wheel keeps waiting messages on disk, each costing the
-	// broker about 0.7 KB of memory, so it may hold a minute of work: the
-	// relay then publishes ahead of the consumers instead of beside them.
-	// At thousands of tasks due a second, a minute kept them on time where
-	// a few seconds left them seconds late (BENCHMARKS.md). Tasks due later
-	// wait in the database.
+	// broker little memory, so it may hold a minute of work: the relay
+	// then publishes ahead of the consumers instead of beside them. At a
+	// high due rate, a minute keeps tasks on time where a few seconds
+	// leave them late (BENCHMARKS.md, "Choosing the lookahead, the lead
+	// and what is in flight"). Tasks due later wait in the database.
 	DefaultLookahead = time.Minute
 	// LevelPrecision is how far from its level a delay-level message may
 	// arrive: the broker's schedule service polls every 100ms.

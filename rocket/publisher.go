@@ -279,9 +279,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 
 // Batching limits (see Batches in Publisher's documentation).
 const (
-	// maxSendBatch is the most messages one send carries. With 32, sends
-	// of due messages ran at about 115,000 messages/s on the benchmark box
-	// against 5,000-8,000 sent one by one (BENCHMARKS.md).
+	// maxSendBatch is the most messages one send carries. A send of 32
+	// costs far less than 32 sends, so due messages go many times faster
+	// in batches (BENCHMARKS.md, "Relay throughput").
 	maxSendBatch = 32
 	// maxBatchedPayload is the smallest payload sent alone: the client
 	// compresses a lone message's body from 4 KiB on, never a batch's.
@@ -534,10 +534,9 @@ const (
 // so asked for one precision less, the last hop arrives no later than the
 // due time, and the consumer holds it until due (its HoldWindow is at least
 // twice the precision). Lateness is then the consumer's, not the slot's:
-// with the local broker's 100 ms slots, 100 tasks due a second were handled
-// at p50 1 ms and p99 16-18 ms against 67 and 118 ms asking for the due
-// time itself (BENCHMARKS.md). Every hop before the last is a whole MaxHop,
-// as before.
+// asked for the due time itself, the last hop arrives up to one precision
+// late, half of one on average (BENCHMARKS.md, "RocketMQ adapter"). Every
+// hop before the last is a whole MaxHop, as before.
 func PlanHop(l broker.Limits, now, due time.Time) broker.HopPlan {
 	if len(l.Levels) > 0 {
 		return l.Plan(now, due)

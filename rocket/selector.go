@@ -15,9 +15,9 @@ import (
 // the route on their own, at their route refresh (every 30 s in
 // rocketmq-client-go) and take the group's queues at their next rebalance
 // (every 20 s): a message sent to the group before then waits for them.
-// Measured with two groups, one killed and started again: without the
-// settling time, tasks sent there right after its return were up to 47 s
-// late.
+// Without the settling time, tasks sent there right after its return are
+// late by up to that refresh and rebalance (docs/deployment.md, "RocketMQ
+// with several broker groups").
 const brokerSettle = 60 * time.Second
 
 // queueSelector picks the queue of each send: round-robin over the
