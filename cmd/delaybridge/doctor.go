@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
@@ -88,7 +89,7 @@ the exit code is 1 when any check failed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Checked before any check runs: a bad delay creates no probe
 			// topic and publishes no probe.
-			if err := checkProbeDelay(probe); err != nil {
+			if err := cli.CheckProbeDelay(probe); err != nil {
 				return err
 			}
 			r := runDoctor(cmd.Context(), a, &bf, &sf, probe)
@@ -103,16 +104,6 @@ the exit code is 1 when any check failed.`,
 	sf.register(cmd.Flags())
 	cmd.Flags().DurationVar(&probe, "probe-delay", 2*time.Second, "delay of the precision probe (more than 0)")
 	return cmd
-}
-
-// checkProbeDelay refuses a --probe-delay the precision probe cannot use: a
-// probe due at once or in the past arrives at once whether the broker's
-// timers are on or off.
-func checkProbeDelay(probe time.Duration) error {
-	if probe <= 0 {
-		return fmt.Errorf("--probe-delay %v: want a positive duration (a probe due at once cannot tell whether the broker's timers are on)", probe)
-	}
-	return nil
 }
 
 // runDoctor runs every check of the database and the broker bf names.
@@ -224,7 +215,7 @@ func checkProcesses(ctx context.Context, db *sql.DB, r *report) {
 		return
 	}
 	for _, m := range p.Mismatches {
-		r.fail("broker topology differs between live processes: %s: tasks may sit in queues nobody reads", printable(m))
+		r.fail("broker topology differs between live processes: %s: tasks may sit in queues nobody reads", cli.Printable(m))
 	}
 	if len(p.Mismatches) == 0 {
 		r.ok("live processes: %d relay(s) and %d consumer(s), no broker topology differs between them", p.LiveRelays, p.LiveConsumers)

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -69,7 +70,7 @@ back (up to --drain) and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if shardName != "" && !validShardName(shardName) {
+			if shardName != "" && !cli.ValidShardName(shardName) {
 				return fmt.Errorf("--shard-name %q: want 1-64 of [A-Za-z0-9_-]", shardName)
 			}
 			if shardName != "" {
@@ -141,7 +142,7 @@ back (up to --drain) and exits 0.`,
 				_ = presence.Close(pctx)
 			}()
 
-			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
+			srv := cli.NewHTTPServer(a.httpHandler(m, db, cl.addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
 				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
@@ -270,7 +271,7 @@ func (a *app) serveMetricsOn(ln net.Listener, m *metrics, db *sql.DB, brokerAddr
 	if ln == nil {
 		return func() {}
 	}
-	srv := newHTTPServer(a.httpHandler(m, db, brokerAddr))
+	srv := cli.NewHTTPServer(a.httpHandler(m, db, brokerAddr))
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Fprintf(a.stderr, "metrics on http://%s/metrics\n", ln.Addr())
 	return func() {

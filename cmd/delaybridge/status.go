@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -101,29 +102,29 @@ naming it. A shard it cannot read is reported and the others still are.`,
 				for _, t := range topics {
 					// A row inserted by hand may hold any state: quoted when
 					// it is not printable, so it cannot drive the terminal.
-					fmt.Fprintf(w, "%s\t%s\t%d\n", printable(string(state)), printable(t), st.Backlog[state][t])
+					fmt.Fprintf(w, "%s\t%s\t%d\n", cli.Printable(string(state)), cli.Printable(t), st.Backlog[state][t])
 				}
 			}
 			fmt.Fprintf(w, "done\t*\t%d\ncancelled\t*\t%d\n", st.Done, st.Cancelled)
 			w.Flush()
 			oldest := "none"
 			if !st.OldestPendingDue.IsZero() {
-				oldest = fmt.Sprintf("%s (%s)", st.OldestPendingDue.Format(time.RFC3339), fmtAgo(now, st.OldestPendingDue))
+				oldest = fmt.Sprintf("%s (%s)", st.OldestPendingDue.Format(time.RFC3339), cli.Ago(now, st.OldestPendingDue))
 			}
 			if st.Live {
 				fmt.Fprintln(a.stdout, "counts: counted live now (no summary from `delaybridge run` yet, or --live)")
 			} else {
 				fmt.Fprintf(a.stdout, "counts: as of %s (%s ago; `delaybridge run` refreshes them)\n",
-					st.CountsAt.Format(time.RFC3339), humanDur(st.CountsAge))
+					st.CountsAt.Format(time.RFC3339), cli.HumanDuration(st.CountsAge))
 			}
 			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (pending or published, > %s past due): %d (%d pending)\ndead: %d\n",
-				oldest, humanDur(grace), st.Overdue, st.OverduePending, st.Dead)
+				oldest, cli.HumanDuration(grace), st.Overdue, st.OverduePending, st.Dead)
 			printUnconsumed(a.stdout, unconsumed)
 			for _, l := range procs.lines() {
 				fmt.Fprintln(a.stdout, l)
 			}
 			l := st.Lateness
-			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %s: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, humanDur(window), l.P50, l.P90, l.P99, l.Max)
+			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %s: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, cli.HumanDuration(window), l.P50, l.P90, l.P99, l.Max)
 			return nil
 		}),
 	}
@@ -206,7 +207,7 @@ func (p processes) lines() []string {
 		out = append(out, fmt.Sprintf("RELAY BEHIND: %d pending tasks past due though %d relay(s) are live: its publishes fail or it is behind (see its log)", p.OverduePending, p.LiveRelays))
 	}
 	for _, m := range p.Mismatches {
-		out = append(out, "TOPOLOGY MISMATCH: "+printable(m)+": tasks may sit in queues nobody reads")
+		out = append(out, "TOPOLOGY MISMATCH: "+cli.Printable(m)+": tasks may sit in queues nobody reads")
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -93,7 +94,7 @@ func printUnconsumed(w io.Writer, topics map[string]int) {
 	}
 	for _, t := range names {
 		fmt.Fprintf(w, "NO CONSUMER: topic %s has %s%d overdue tasks and no live consumer (none running, or one whose prefix or group differs from the relay's)\n",
-			printable(t), atLeast, topics[t])
+			cli.Printable(t), atLeast, topics[t])
 	}
 	if atLeast != "" {
 		fmt.Fprintf(w, "(these counts come from the oldest %d overdue tasks only)\n", outbox.UnconsumedScan)

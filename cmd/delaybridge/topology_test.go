@@ -33,7 +33,7 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	if _, err := pool.Exec("UPDATE delay_task SET state = 'published', published_ms = ?", published); err != nil {
 		t.Fatal(err)
 	}
-	flags := rabbitFlags(t)
+	flags := testenv.RabbitFlags(t)
 	// A consumer that started first with the prefix "shop" (and was let
 	// start anyway): the relay must say so when it starts.
 	shop := broker.Topology{Broker: "rabbit", Settings: map[string]string{"prefix": "shop"}}

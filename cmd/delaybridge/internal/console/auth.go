@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/delaybridge/delaybridge"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,49 +21,49 @@ import (
 	"time"
 )
 
-// consoleCredential is the one user name and password the console accepts,
+// credential is the one user name and password the console accepts,
 // read from --auth-file as "user:password".
-type consoleCredential struct {
+type credential struct {
 	user     string
 	password string
 }
 
-// minConsolePassword is the shortest password the console accepts: it
+// minPassword is the shortest password the console accepts: it
 // guards actions on production tasks, and basic auth has no lockout.
-const minConsolePassword = 16
+const minPassword = 16
 
-// readConsoleCredential reads "user:password" from path the way every
-// secret file is read (readSecretFile: one line, size-bounded, contents
+// readCredential reads "user:password" from path the way every
+// secret file is read (delaybridge.ReadSecretFile: one line, size-bounded, contents
 // never quoted in errors).
-func readConsoleCredential(path string) (consoleCredential, error) {
+func readCredential(path string) (credential, error) {
 	if path == "" {
-		return consoleCredential{}, errors.New("--auth-file is required: the console needs a user:password credential to check every request against")
+		return credential{}, errors.New("--auth-file is required: the console needs a user:password credential to check every request against")
 	}
-	line, err := readSecretFile(path)
+	line, err := delaybridge.ReadSecretFile(path)
 	if err != nil {
-		return consoleCredential{}, fmt.Errorf("--auth-file: %w", err)
+		return credential{}, fmt.Errorf("--auth-file: %w", err)
 	}
-	return parseConsoleCredential(line, path)
+	return parseCredential(line, path)
 }
 
-func parseConsoleCredential(line, path string) (consoleCredential, error) {
+func parseCredential(line, path string) (credential, error) {
 	user, pass, ok := strings.Cut(line, ":")
 	switch {
 	case !ok || user == "" || pass == "":
-		return consoleCredential{}, fmt.Errorf("--auth-file: %s must hold user:password on one line", path)
-	case len(pass) < minConsolePassword:
-		return consoleCredential{}, fmt.Errorf("--auth-file: the password in %s is shorter than %d characters", path, minConsolePassword)
+		return credential{}, fmt.Errorf("--auth-file: %s must hold user:password on one line", path)
+	case len(pass) < minPassword:
+		return credential{}, fmt.Errorf("--auth-file: the password in %s is shorter than %d characters", path, minPassword)
 	case strings.TrimSpace(pass) == "":
-		return consoleCredential{}, fmt.Errorf("--auth-file: the password in %s is only white space: make one with openssl rand -base64 24", path)
+		return credential{}, fmt.Errorf("--auth-file: the password in %s is only white space: make one with openssl rand -base64 24", path)
 	case strings.ContainsFunc(user, func(r rune) bool { return r < 0x21 || r == 0x7f }):
-		return consoleCredential{}, fmt.Errorf("--auth-file: the user name in %s has spaces or control characters", path)
+		return credential{}, fmt.Errorf("--auth-file: the user name in %s has spaces or control characters", path)
 	}
-	return consoleCredential{user: user, password: pass}, nil
+	return credential{user: user, password: pass}, nil
 }
 
 // check reports whether r carries the credential as HTTP basic auth. Both
 // parts are compared in constant time, the user name's length included.
-func (c consoleCredential) check(r *http.Request) bool {
+func (c credential) check(r *http.Request) bool {
 	user, pass, ok := r.BasicAuth()
 	if !ok {
 		return false
@@ -191,9 +192,9 @@ func who(r *http.Request) string {
 	return s
 }
 
-// consoleMaxForm bounds a request body: forms carry a token, a few fields
+// maxForm bounds a request body: forms carry a token, a few fields
 // and at most a page of task ids.
-const consoleMaxForm = 64 << 10
+const maxForm = 64 << 10
 
 // guard wraps the console's handler: security headers on every answer,
 // the credential on every request, and on every POST a same-origin check
@@ -237,7 +238,7 @@ func (c *console) guard(next http.Handler) http.Handler {
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:
 		case http.MethodPost:
-			r.Body = http.MaxBytesReader(w, r.Body, consoleMaxForm)
+			r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 			if err := cop.Check(r); err != nil {
 				c.log.Warn("console: refused a cross-origin action", "who", who(r), "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 				http.Error(w, "403 forbidden: cross-origin request", http.StatusForbidden)

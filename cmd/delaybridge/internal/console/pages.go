@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"bytes"
@@ -17,7 +17,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
@@ -41,27 +44,27 @@ type view struct {
 	Data   any
 }
 
-// parseConsolePages parses each page template with the layout.
-func parseConsolePages() (map[string]*template.Template, error) {
+// parsePages parses each page template with the layout.
+func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"when":  fmtTime,
-		"ago":   fmtAgo,
+		"ago":   cli.Ago,
 		"dur":   fmtDur,
 		"short": shortText,
 		"add":   func(a, b int) int { return a + b },
 		"shard": withShard,
 	}
-	names, err := fs.Glob(consoleFiles, "console/*.html")
+	names, err := fs.Glob(webFiles, "web/*.html")
 	if err != nil {
 		return nil, err
 	}
 	pages := map[string]*template.Template{}
 	for _, n := range names {
-		base := strings.TrimSuffix(strings.TrimPrefix(n, "console/"), ".html")
+		base := strings.TrimSuffix(strings.TrimPrefix(n, "web/"), ".html")
 		if base == "layout" {
 			continue
 		}
-		t, err := template.New(base).Funcs(funcs).ParseFS(consoleFiles, "console/layout.html", n)
+		t, err := template.New(base).Funcs(funcs).ParseFS(webFiles, "web/layout.html", n)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", n, err)
 		}
@@ -99,7 +102,7 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, page string, st
 func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
 	msg := err.Error()
 	if status >= 500 {
-		c.log.Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", scrub(err, c.secrets()...))
+		c.log.Error("console: request failed", "who", who(r), "path", r.URL.Path, "err", redact.Scrub(err, c.secrets()...))
 		msg = "the database could not answer; see the console's log"
 	}
 	c.render(w, r, "error", status, view{Title: http.StatusText(status), Nav: "none", Error: msg})
@@ -107,7 +110,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 
 // failOn is fail for an error of shard sh's database: a 500 that names the
 // shard.
-func (c *console) failOn(w http.ResponseWriter, r *http.Request, sh *consoleShard, err error) {
+func (c *console) failOn(w http.ResponseWriter, r *http.Request, sh *Shard, err error) {
 	if sh.name == "" {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -124,52 +127,10 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
 
-// fmtWhen writes t as parseWhen reads it back exactly: RFC 3339 in UTC to
+// fmtWhen writes t as cli.ParseWhen reads it back exactly: RFC 3339 in UTC to
 // the millisecond, the precision the outbox keeps (and fmtTime shows).
 func fmtWhen(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
-}
-
-// fmtAgo writes t relative to now for a reader: "58m53s ago", or
-// "in 58m53s" for a time still to come.
-func fmtAgo(now, t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	d := now.Sub(t)
-	if d < 0 {
-		return "in " + humanDur(-d)
-	}
-	return humanDur(d) + " ago"
-}
-
-// humanDur writes d in the two largest units that matter, rounded, a
-// second unit of zero left out: 250ms, 42s, 58m53s, 10m, 5h3m, 3d5h, 77
-// days (not 1864h8m6.3s).
-func humanDur(d time.Duration) string {
-	if d < 0 {
-		return "-" + humanDur(-d)
-	}
-	const day = 24 * time.Hour
-	two := func(n int64, big, small string, per int64) string {
-		if n%per == 0 {
-			return fmt.Sprintf("%d%s", n/per, big)
-		}
-		return fmt.Sprintf("%d%s%d%s", n/per, big, n%per, small)
-	}
-	switch {
-	case d < time.Second-time.Millisecond/2:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute-time.Second/2:
-		return fmt.Sprintf("%ds", (d+time.Second/2)/time.Second)
-	case d < time.Hour-time.Second/2:
-		return two(int64((d+time.Second/2)/time.Second), "m", "s", 60)
-	case d < day-time.Minute/2:
-		return two(int64((d+time.Minute/2)/time.Minute), "h", "m", 60)
-	case d < 10*day-time.Hour/2:
-		return two(int64((d+time.Hour/2)/time.Hour), "d", "h", 24)
-	}
-	return fmt.Sprintf("%d days", (d+day/2)/day)
 }
 
 func fmtDur(d time.Duration) string {
@@ -184,7 +145,7 @@ func fmtDur(d time.Duration) string {
 
 // shortText cuts s to n runes and makes it printable.
 func shortText(n int, s string) string {
-	s = printable(s)
+	s = cli.Printable(s)
 	if utf8.RuneCountInString(s) > n {
 		r := []rune(s)
 		s = string(r[:n]) + "…"
@@ -345,7 +306,7 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		return nil, err
 	}
 	d := &overviewData{Now: now, Stats: st, Grace: c.grace, HasCounts: !st.CountsAt.IsZero()}
-	if d.Signals, err = signals(ctx, db, st, now, c.grace); err != nil {
+	if d.Signals, err = c.env.Signals(ctx, db, st, now, c.grace); err != nil {
 		return nil, err
 	}
 	topics := map[string]*backlogRow{}
@@ -395,28 +356,6 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 	return d, nil
 }
 
-// signals are status's lines about the processes an outbox lacks: topics
-// with overdue tasks and no live consumer, pending tasks past due with no
-// relay (or a relay behind), and live processes whose broker topologies
-// differ.
-func signals(ctx context.Context, db outbox.Querier, st *outbox.Stats, now time.Time, grace time.Duration) ([]string, error) {
-	unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
-	if err != nil {
-		return nil, err
-	}
-	procs, err := readProcesses(ctx, db, st)
-	if err != nil {
-		return nil, err
-	}
-	var buf bytes.Buffer
-	printUnconsumed(&buf, unconsumed)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if lines[0] == "" {
-		lines = nil
-	}
-	return append(lines, procs.lines()...), nil
-}
-
 // ---------------------------------------------------------------- search
 
 type tasksData struct {
@@ -441,7 +380,7 @@ func parseWindowEdge(s string, now time.Time) (time.Time, error) {
 		}
 		return now.Add(-d), nil
 	}
-	return parseWhen(s, now)
+	return cli.ParseWhen(s, now)
 }
 
 func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
@@ -545,7 +484,7 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 	d := &taskData{Now: now, T: t, Timeline: timeline(t, now), Hops: c.plannedHops(t), Actions: actionsFor(t.State)}
 	if r.URL.Query().Get("reveal") == "1" {
 		d.Reveal = true
-		d.Key = printable(t.Task.Key)
+		d.Key = cli.Printable(t.Task.Key)
 		p := t.Task.Payload
 		if len(p) > revealLimit {
 			p, d.Cut = cutText(p, revealLimit), true
@@ -570,7 +509,7 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 }
 
 // inShard is " in shard NAME" for a named shard, else "".
-func inShard(sh *consoleShard) string {
+func inShard(sh *Shard) string {
 	if sh.name == "" {
 		return ""
 	}
@@ -676,7 +615,7 @@ func cutText(p []byte, n int) []byte {
 // published at its publish time (or now, unpublished) and due at its due
 // time: the broker does not report hops, so they are derived, not observed.
 func (c *console) plannedHops(t *outbox.Detail) []event {
-	lim, _, err := consoleLimits(c.a, c.bf)
+	lim, _, err := brokerLimits(c.env.Broker)
 	if err != nil || t.State == outbox.StateDone || t.State == outbox.StateCancelled {
 		return nil
 	}
@@ -685,7 +624,7 @@ func (c *console) plannedHops(t *outbox.Detail) []event {
 		at = c.now()
 	}
 	plan := lim.Plan
-	if c.bf.Broker == "rocket" {
+	if c.env.Broker.Broker == "rocket" {
 		// The RocketMQ publisher's own plan: its last timer hop is a
 		// precision short, and the consumer holds the rest.
 		plan = func(now, due time.Time) broker.HopPlan { return rocket.PlanHop(lim, now, due) }
@@ -741,7 +680,7 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 	now := c.now()
 	var due time.Time
 	if action == "reschedule" {
-		if due, err = parseWhen(r.PostForm.Get("when"), now); err != nil {
+		if due, err = cli.ParseWhen(r.PostForm.Get("when"), now); err != nil {
 			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("reschedule: %w", err))
 			return
 		}
@@ -779,7 +718,7 @@ func (c *console) taskAction(w http.ResponseWriter, r *http.Request) {
 		log = log.With("due", due.UTC())
 	}
 	if err != nil {
-		log.Warn("console: action failed", "err", scrub(err, c.secrets()...))
+		log.Warn("console: action failed", "err", redact.Scrub(err, c.secrets()...))
 		// The outbox's errors name the key; the page says why without it.
 		in := inShard(sh)
 		switch {
@@ -943,7 +882,7 @@ func (c *console) deadReplay(w http.ResponseWriter, r *http.Request) {
 		log := c.logFor(sh).With("who", who(r), "remote", r.RemoteAddr, "action", "replay", "id", id, "topic", topic)
 		if err != nil {
 			failed++
-			log.Warn("console: action failed", "err", scrub(err, c.secrets()...))
+			log.Warn("console: action failed", "err", redact.Scrub(err, c.secrets()...))
 			continue
 		}
 		replayed++
@@ -964,13 +903,14 @@ type brokersData struct {
 	Doctor doctorRun
 }
 
-// consoleLimits returns the delay limits the broker flags put in effect,
-// as the adapters compute them, and the rows the brokers page shows.
-func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
+// brokerLimits returns the delay limits the broker settings bf put in
+// effect, as the adapters compute them, and the rows the brokers page
+// shows.
+func brokerLimits(bf delaybridge.Config) (broker.Limits, []limitRow, error) {
 	var rows []limitRow
 	switch bf.Broker {
 	case "rabbit":
-		cfg, err := bf.rabbitConfig(a)
+		cfg, err := bf.RabbitConfig()
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}
@@ -997,7 +937,7 @@ func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
 			limitRow{"queue bound", fmt.Sprintf("x-max-length %d", bf.RabbitMaxLength)})
 		return lim, rows, nil
 	case "rocket":
-		cfg, err := bf.rocketConfig(a)
+		cfg, err := bf.RocketConfig()
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}
@@ -1017,8 +957,8 @@ func consoleLimits(a *app, bf *brokerFlags) (broker.Limits, []limitRow, error) {
 }
 
 func (c *console) brokers(w http.ResponseWriter, r *http.Request) {
-	d := &brokersData{Kind: c.bf.Broker, Mode: c.bf.mode(), Doctor: c.lastDoctor()}
-	if _, rows, err := consoleLimits(c.a, c.bf); err != nil {
+	d := &brokersData{Kind: c.env.Broker.Broker, Mode: c.env.Broker.Mode(), Doctor: c.lastDoctor()}
+	if _, rows, err := brokerLimits(c.env.Broker); err != nil {
 		d.Err = err.Error()
 	} else {
 		d.Limits = rows
