@@ -107,13 +107,13 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer ses.Close()
-			db, cl := ses.db, ses.cl
-			grace = scanner.Grace(grace, cl.pub.Limits())
+			db, cl := ses.DB, ses.Clients
+			grace = scanner.Grace(grace, cl.Pub.Limits())
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
 			m.shard = shardName
 			relayCfg.Hooks = outbox.LogProgress(m.RelayHooks(), a.log, 0)
-			relay, err := outbox.NewRelay(db, cl.pub, relayCfg)
+			relay, err := outbox.NewRelay(db, cl.Pub, relayCfg)
 			if err != nil {
 				return err
 			}
@@ -122,7 +122,7 @@ back (up to --drain) and exits 0.`,
 			if !noScan {
 				scanHooks = m.ScannerHooks()
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
+			sc, err := scanner.New(db, cl.Pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
 			if err != nil {
 				return err
 			}
@@ -142,9 +142,9 @@ back (up to --drain) and exits 0.`,
 				_ = presence.Close(pctx)
 			}()
 
-			srv := cli.NewHTTPServer(a.httpHandler(m, db, cl.addr))
+			srv := cli.NewHTTPServer(a.httpHandler(m, db, cl.Addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
-				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
+				"limits_max_hop", cl.Pub.Limits().MaxHop, "limits_precision", cl.Pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup
