@@ -28,7 +28,7 @@ var layers = map[string][]string{
 	"scanner":                          {"outbox", "broker", "internal/store"},
 	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/orders", "internal/redact", "outbox", "rabbit", "rocket", "scanner"},
 	"cmd/delaybridge/internal/bench":   {".", "broker", "broker/memory", "cmd/delaybridge/internal/cli", "internal/percentile", "outbox", "rabbit"},
-	"cmd/delaybridge/internal/cli":     {"broker"},
+	"cmd/delaybridge/internal/cli":     {"broker", "outbox"},
 	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/redact", "outbox", "rabbit", "rocket"},
 	"cmd/delaybridge/internal/console/consoletest": {"internal/testenv", "outbox"},
 	"examples":              {},

@@ -1,19 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 func newConsoleCmd(a *app) *cobra.Command {
@@ -61,8 +58,8 @@ See docs/console.md.`,
 }
 
 // consoleEnv is what the console takes from the other commands: the broker
-// flags bf, the databases of --mysql-dsn or sf's shards, status's signals
-// and doctor's checks.
+// flags bf, the databases of --mysql-dsn or sf's shards, and doctor's
+// checks.
 func (a *app) consoleEnv(bf *brokerFlags, sf *shardFlags) console.Env {
 	return console.Env{
 		Log:         a.log,
@@ -71,7 +68,6 @@ func (a *app) consoleEnv(bf *brokerFlags, sf *shardFlags) console.Env {
 		DSN:         a.mysqlDSN,
 		CheckBroker: func() error { return bf.check(a) },
 		OpenShards:  func(ctx context.Context) ([]*console.Shard, error) { return a.openConsoleShards(ctx, sf) },
-		Signals:     signals,
 		Doctor: func(ctx context.Context, probe time.Duration) console.DoctorReport {
 			// A copy of the app whose output goes nowhere: the report keeps
 			// the checks, and the console shows them.
@@ -134,26 +130,4 @@ func openPool(a *app) (*sql.DB, error) {
 		return nil, err
 	}
 	return sql.OpenDB(conn), nil
-}
-
-// signals are status's lines about the processes an outbox lacks: topics
-// with overdue tasks and no live consumer, pending tasks past due with no
-// relay (or a relay behind), and live processes whose broker topologies
-// differ.
-func signals(ctx context.Context, db outbox.Querier, st *outbox.Stats, now time.Time, grace time.Duration) ([]string, error) {
-	unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
-	if err != nil {
-		return nil, err
-	}
-	procs, err := readProcesses(ctx, db, st)
-	if err != nil {
-		return nil, err
-	}
-	var buf bytes.Buffer
-	printUnconsumed(&buf, unconsumed)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if lines[0] == "" {
-		lines = nil
-	}
-	return append(lines, procs.lines()...), nil
 }

@@ -73,7 +73,7 @@ func checkProcesses(ctx context.Context, db *sql.DB, r *report) {
 		r.warn("live processes: %v", err)
 		return
 	}
-	p, err := readProcesses(ctx, db, st)
+	p, err := cli.ReadProcesses(ctx, db, st)
 	if err != nil {
 		r.warn("live processes: %v", err)
 		return

@@ -75,18 +75,18 @@ naming it. A shard it cannot read is reported and the others still are.`,
 					return err
 				}
 			}
-			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
+			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, cli.PresenceExpiry)
 			if err != nil {
 				return err
 			}
-			procs, err := readProcesses(ctx, db, st)
+			procs, err := cli.ReadProcesses(ctx, db, st)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusReport{statusJSON: statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed}, processes: procs})
+				return enc.Encode(statusReport{statusJSON: statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed}, Processes: procs})
 			}
 			if name := shardOf(ctx); name != "" {
 				fmt.Fprintf(a.stdout, "== shard %s\n", name)
@@ -119,8 +119,8 @@ naming it. A shard it cannot read is reported and the others still are.`,
 			}
 			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (pending or published, > %s past due): %d (%d pending)\ndead: %d\n",
 				oldest, cli.HumanDuration(grace), st.Overdue, st.OverduePending, st.Dead)
-			printUnconsumed(a.stdout, unconsumed)
-			for _, l := range procs.lines() {
+			cli.PrintUnconsumed(a.stdout, unconsumed)
+			for _, l := range procs.Lines() {
 				fmt.Fprintln(a.stdout, l)
 			}
 			l := st.Lateness
@@ -152,62 +152,8 @@ func tableStates(backlog map[outbox.State]map[string]int) []outbox.State {
 	return append(states, other...)
 }
 
-// processes is what the live presences say about one outbox's relays and
-// consumers, beside its overdue counts: the signals status, doctor, the
-// console and /metrics give when work is stuck for want of a process.
-type processes struct {
-	// LiveRelays and LiveConsumers count the live presences by role.
-	LiveRelays    int `json:"live_relays"`
-	LiveConsumers int `json:"live_consumers"`
-	// OverduePending is Stats.OverduePending: pending tasks past due by
-	// the grace.
-	OverduePending int `json:"-"`
-	// NoRelay is set when pending tasks are past due and no relay is live.
-	NoRelay bool `json:"no_live_relay"`
-	// Mismatches are outbox.TopologyMismatches of the live processes.
-	Mismatches []string `json:"topology_mismatches"`
-}
-
 // statusReport is status --json: statusJSON and the processes' signals.
 type statusReport struct {
 	statusJSON
-	processes
-}
-
-// readProcesses reads the live presences and weighs them against st.
-func readProcesses(ctx context.Context, q outbox.Querier, st *outbox.Stats) (processes, error) {
-	live, err := outbox.LivePresences(ctx, q, presenceExpiry)
-	if err != nil {
-		return processes{}, err
-	}
-	p := processes{OverduePending: st.OverduePending, Mismatches: outbox.TopologyMismatches(live)}
-	if p.Mismatches == nil {
-		p.Mismatches = []string{}
-	}
-	for _, pr := range live {
-		switch pr.Role {
-		case outbox.RoleRelay:
-			p.LiveRelays++
-		case outbox.RoleConsumer:
-			p.LiveConsumers++
-		}
-	}
-	p.NoRelay = p.OverduePending > 0 && p.LiveRelays == 0
-	return p, nil
-}
-
-// lines are the processes' signals in words, one a line, none when all
-// is well.
-func (p processes) lines() []string {
-	var out []string
-	switch {
-	case p.NoRelay:
-		out = append(out, fmt.Sprintf("NO RELAY: %d pending tasks past due and no live relay (start `delaybridge run`)", p.OverduePending))
-	case p.OverduePending > 0:
-		out = append(out, fmt.Sprintf("RELAY BEHIND: %d pending tasks past due though %d relay(s) are live: its publishes fail or it is behind (see its log)", p.OverduePending, p.LiveRelays))
-	}
-	for _, m := range p.Mismatches {
-		out = append(out, "TOPOLOGY MISMATCH: "+cli.Printable(m)+": tasks may sit in queues nobody reads")
-	}
-	return out
+	cli.Processes
 }

@@ -22,7 +22,7 @@ const doctorRanCheck = "doctor's checks ran (test double)"
 
 // testEnv is the Env of a console test: the broker settings of brokerArgs,
 // parsed as the binary's broker flags, logging into logs. Its doctor
-// reports doctorRanCheck, and its outbox lacks no process.
+// reports doctorRanCheck.
 func testEnv(t testing.TB, dsn string, logs io.Writer, brokerArgs ...string) Env {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(logs, nil))
@@ -41,9 +41,6 @@ func testEnv(t testing.TB, dsn string, logs io.Writer, brokerArgs ...string) Env
 		DSN:         dsn,
 		CheckBroker: cfg.Check,
 		OpenShards:  func(context.Context) ([]*Shard, error) { return nil, nil },
-		Signals: func(context.Context, outbox.Querier, *outbox.Stats, time.Time, time.Duration) ([]string, error) {
-			return nil, nil
-		},
 		Doctor: func(context.Context, time.Duration) DoctorReport {
 			return DoctorReport{Checks: []Check{{Level: "OK", Text: doctorRanCheck}}}
 		},

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -163,7 +164,7 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		return nil, err
 	}
 	d := &overviewData{Now: now, Stats: st, Grace: c.grace, HasCounts: !st.CountsAt.IsZero()}
-	if d.Signals, err = c.env.Signals(ctx, db, st, now, c.grace); err != nil {
+	if d.Signals, err = cli.Signals(ctx, db, st, now, c.grace); err != nil {
 		return nil, err
 	}
 	topics := map[string]*backlogRow{}

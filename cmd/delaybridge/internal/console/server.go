@@ -70,8 +70,6 @@ type Env struct {
 	// OpenShards opens the outbox databases to serve: one unnamed, or
 	// every --shard by name.
 	OpenShards func(ctx context.Context) ([]*Shard, error)
-	// Signals are status's lines about the processes an outbox lacks.
-	Signals func(ctx context.Context, db outbox.Querier, st *outbox.Stats, now time.Time, grace time.Duration) ([]string, error)
 	// Doctor runs doctor's checks of the database and the broker, with a
 	// delay of probe for the RocketMQ precision probe.
 	Doctor func(ctx context.Context, probe time.Duration) DoctorReport
