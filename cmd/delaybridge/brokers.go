@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -49,18 +49,6 @@ func (b *brokerFlags) registerRelay(fs *pflag.FlagSet) {
 // mode names the configured delay mode for reports.
 func (b *brokerFlags) mode() string { return b.Mode() }
 
-// clients are an opened adapter's publisher and subscriber.
-type clients struct {
-	pub   broker.Publisher
-	sub   broker.Subscriber
-	close func()
-	// addr is the broker address readiness checks dial.
-	addr string
-	// ensure creates topics that must exist before a consumer starts; a
-	// no-op where the adapter declares them itself.
-	ensure func(ctx context.Context, topics ...string) error
-}
-
 // withLog returns the settings with a's logger.
 func (b *brokerFlags) withLog(a *app) delaybridge.Config {
 	c := b.Config
@@ -86,10 +74,10 @@ func (b *brokerFlags) check(a *app) error {
 }
 
 // open connects the chosen adapter. withSub also builds a subscriber.
-func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*clients, error) {
+func (b *brokerFlags) open(ctx context.Context, a *app, withSub bool) (*cli.Clients, error) {
 	conn, err := b.withLog(a).OpenBroker(ctx, withSub)
 	if err != nil {
 		return nil, err
 	}
-	return &clients{pub: conn.Publisher, sub: conn.Subscriber, close: conn.Close, addr: conn.Addr, ensure: conn.CreateTopics}, nil
+	return &cli.Clients{Pub: conn.Publisher, Sub: conn.Subscriber, Close: conn.Close, Addr: conn.Addr, Ensure: conn.CreateTopics}, nil
 }

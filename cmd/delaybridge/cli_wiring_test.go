@@ -137,7 +137,7 @@ func TestConsoleCmd_RefusesAnUnmigratedDatabaseAtStart(t *testing.T) {
 // check in run's words, and no secret is printed.
 func TestDoctor_FailsOnSigningKeysRunRefuses(t *testing.T) {
 	dsn := scratch(t)
-	rabbit := rabbitFlags(t)
+	rabbit := testenv.RabbitFlags(t)
 	for _, keys := range []string{"k1:short", "garbage S3cretKEYmaterial"} {
 		_, _, runErr := run(t, append([]string{"run", "--mysql-dsn", dsn, "--http", testenv.FreeAddr(t), "--log-level", "error", "--signing-keys", keys}, rabbit...)...)
 		if runErr == nil {

@@ -3,16 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	crand "crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,38 +17,6 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
-// writeServerCert writes a fresh self-signed server certificate for
-// 127.0.0.1 and its key, and returns the certificate.
-func writeServerCert(t *testing.T, certPath, keyPath string) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "console test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(crand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
-}
-
 // A key pair that cannot be loaded is an error naming the flag and the
 // file, before the console listens or says it serves; one that loads is
 // the certificate the console serves, even once its files are gone.
@@ -65,9 +26,9 @@ func TestConsoleCmd_LoadsTheTLSKeyPairBeforeItListens(t *testing.T) {
 	auth := writeAuthFile(t)
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	served := writeServerCert(t, cert, key)
+	served := testenv.WriteServerCert(t, cert, key)
 	otherKey := filepath.Join(dir, "other-key.pem")
-	writeServerCert(t, filepath.Join(dir, "other-cert.pem"), otherKey)
+	testenv.WriteServerCert(t, filepath.Join(dir, "other-cert.pem"), otherKey)
 	notPEM := filepath.Join(dir, "not.pem")
 	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
 		t.Fatal(err)

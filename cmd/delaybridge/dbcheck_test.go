@@ -11,7 +11,7 @@ import (
 
 func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {
 	dsn := scratch(t)
-	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, rabbitFlags(t)...)...)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn, "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	if !strings.Contains(out, "OK    database MariaDB 1") || !strings.Contains(out, "FOR UPDATE SKIP LOCKED skips a row another connection holds (probed); binary log") {
 		t.Fatalf("doctor:\n%s", out)
 	}
@@ -21,7 +21,7 @@ func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {
 // database has no schema, and the error says to migrate.
 func TestRun_RefusesADatabaseItCannotProbe(t *testing.T) {
 	_, bare := testenv.ScratchDB(t)
-	_, _, err := run(t, append([]string{"run", "--mysql-dsn", bare, "--http", testenv.FreeAddr(t), "--log-level", "error"}, rabbitFlags(t)...)...)
+	_, _, err := run(t, append([]string{"run", "--mysql-dsn", bare, "--http", testenv.FreeAddr(t), "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	if !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), "run delaybridge migrate") {
 		t.Fatalf("run on an unmigrated database: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -54,7 +55,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "TOPIC\tKEY\tDUE\tHANDLER ATTEMPTS\tPUBLISH ATTEMPTS\tLAST ERROR")
 			for _, d := range dead {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", printable(d.Task.Topic), printable(d.Task.Key), d.Task.DueAt.Format(time.RFC3339), d.Attempts, d.PublishAttempts, printable(d.LastError))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", cli.Printable(d.Task.Topic), cli.Printable(d.Task.Key), d.Task.DueAt.Format(time.RFC3339), d.Attempts, d.PublishAttempts, cli.Printable(d.LastError))
 			}
 			w.Flush()
 			fmt.Fprintf(a.stdout, "%d dead task(s)\n", len(dead))
@@ -96,7 +97,7 @@ says how many tasks it would replay. It replays in transactions of
 			if err := outbox.Replay(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", printable(args[0]), printable(args[1]))
+			fmt.Fprintf(a.stdout, "replayed %s/%s: pending again\n", cli.Printable(args[0]), cli.Printable(args[1]))
 			return nil
 		}),
 	}
@@ -144,7 +145,7 @@ func (b *bulkReplay) check(args []string) error {
 		} else if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 			b.from = t
 		} else {
-			return fmt.Errorf("--since %s: want RFC 3339 (2026-12-01T08:00:00Z) or a duration ago (2h)", printable(b.since))
+			return fmt.Errorf("--since %s: want RFC 3339 (2026-12-01T08:00:00Z) or a duration ago (2h)", cli.Printable(b.since))
 		}
 	}
 	return nil

@@ -32,9 +32,9 @@ func TestDeadReplay_ReplaysATopicOrAllInBatchesOnlyWithYes(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	mustExec(t, db, "UPDATE delay_task SET state = 'dead', attempts = 5, last_error = 'boom', updated_ms = ? WHERE task_key <> 'pending-one'", now.Add(-3*time.Hour).UnixMilli())
+	testenv.MustExec(t, db, "UPDATE delay_task SET state = 'dead', attempts = 5, last_error = 'boom', updated_ms = ? WHERE task_key <> 'pending-one'", now.Add(-3*time.Hour).UnixMilli())
 	// Ten of b went dead within the last hour.
-	mustExec(t, db, "UPDATE delay_task SET updated_ms = ? WHERE topic = 'b' AND task_key < 'b-10'", now.Add(-10*time.Minute).UnixMilli())
+	testenv.MustExec(t, db, "UPDATE delay_task SET updated_ms = ? WHERE topic = 'b' AND task_key < 'b-10'", now.Add(-10*time.Minute).UnixMilli())
 	count := func(where string) int {
 		t.Helper()
 		var n int
@@ -89,7 +89,7 @@ func TestDeadReplay_ReplaysATopicOrAllInBatchesOnlyWithYes(t *testing.T) {
 		}
 	}
 	// One task still replays as before.
-	mustExec(t, db, "UPDATE delay_task SET state = 'dead' WHERE task_key = 'b-00'")
+	testenv.MustExec(t, db, "UPDATE delay_task SET state = 'dead' WHERE task_key = 'b-00'")
 	if out := mustRun(t, "dead", "replay", "b", "b-00", "--mysql-dsn", dsn); !strings.Contains(out, "replayed b/b-00: pending again") {
 		t.Errorf("one task:\n%s", out)
 	}

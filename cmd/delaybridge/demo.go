@@ -69,13 +69,13 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return err
 			}
 			defer ses.Close()
-			db, cl := ses.db, ses.cl
+			db, cl := ses.DB, ses.Clients
 
 			m := newMetrics(db, 30*time.Second, a.log)
-			defer a.serveMetricsOn(ln, m, db, cl.addr)()
+			defer a.serveMetricsOn(ln, m, db, cl.Addr)()
 			work, stopWork := context.WithCancel(ctx)
 			defer stopWork()
-			relay, err := outbox.NewRelay(db, cl.pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.RelayHooks()})
+			relay, err := outbox.NewRelay(db, cl.Pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.RelayHooks()})
 			if err != nil {
 				return err
 			}
@@ -83,18 +83,18 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			if err := svc.Setup(ctx, []string{"sku-a", "sku-b", "sku-c"}, 1_000_000); err != nil {
 				return err
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Logger: a.log, Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
+			sc, err := scanner.New(db, cl.Pub, scanner.Config{Logger: a.log, Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
 				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}})
 			if err != nil {
 				return err
 			}
-			consumer, err := outbox.NewConsumer(db, cl.sub, cl.pub, svc.CancelTask, broker.ConsumerConfig{
+			consumer, err := outbox.NewConsumer(db, cl.Sub, cl.Pub, svc.CancelTask, broker.ConsumerConfig{
 				Concurrency: 16, Logger: a.log, Hooks: m.ConsumerHooks(),
 			})
 			if err != nil {
 				return err
 			}
-			if err := cl.ensure(ctx, ordertimeout.Topic, broker.DefaultDeadTopic); err != nil {
+			if err := cl.Ensure(ctx, ordertimeout.Topic, broker.DefaultDeadTopic); err != nil {
 				return err
 			}
 			presence, err := a.announce(ctx, db, &bf, outbox.RoleConsumer, ordertimeout.Topic)

@@ -16,7 +16,7 @@ import (
 func TestHeaders_NonStringJSONFailsNoListShowOrPage(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	dsn := b.c.a.mysqlDSN
+	dsn := b.dsn
 	cols := map[string]string{
 		"k-dead":   `{"tenant":1}`,
 		"k-soon-1": `{"tenant":{"id":7,"tags":["a",null]}}`,
@@ -25,10 +25,10 @@ func TestHeaders_NonStringJSONFailsNoListShowOrPage(t *testing.T) {
 		"k-done":   `not json`,
 	}
 	for key, col := range cols {
-		mustExec(t, b.db, "UPDATE delay_task SET headers = ? WHERE id = ?", col, b.ids[key])
+		testenv.MustExec(t, b.db, "UPDATE delay_task SET headers = ? WHERE id = ?", col, b.ids[key])
 	}
 	// Every row dead, so dead list reads each kind of column.
-	mustExec(t, b.db, "UPDATE delay_task SET state = 'dead', last_error = 'boom' WHERE topic = ?", consoleTopic)
+	testenv.MustExec(t, b.db, "UPDATE delay_task SET state = 'dead', last_error = 'boom' WHERE topic = ?", consoleTopic)
 
 	out := mustRun(t, "dead", "list", "--mysql-dsn", dsn)
 	if !strings.Contains(out, fmt.Sprintf("%d dead task(s)", len(cols))) {
@@ -40,11 +40,11 @@ func TestHeaders_NonStringJSONFailsNoListShowOrPage(t *testing.T) {
 			t.Errorf("task show %s:\n%s", key, out)
 		}
 		mustRun(t, "task", "show", consoleTopic, key, "--json", "--mysql-dsn", dsn)
-		if code, page := b.get(t, fmt.Sprintf("/tasks/%d", b.ids[key])); code != http.StatusOK {
+		if code, page := b.Get(t, fmt.Sprintf("/tasks/%d", b.ids[key])); code != http.StatusOK {
 			t.Errorf("console task page of %s (headers %s): %d\n%s", key, cols[key], code, page)
 		}
 	}
-	if code, page := b.get(t, "/dead"); code != http.StatusOK {
+	if code, page := b.Get(t, "/dead"); code != http.StatusOK {
 		t.Errorf("console dead page: %d\n%s", code, page)
 	}
 }

@@ -275,23 +275,6 @@ func openDSN(t *testing.T, dsn string) *sql.DB {
 	return db
 }
 
-func TestPrintable_QuotesOnlyWhatCouldForgeOutput(t *testing.T) {
-	for in, want := range map[string]string{
-		"order-1":          "order-1",
-		"with space é 订单":  "with space é 订单",
-		"k\nOK fake line":  `"k\nOK fake line"`,
-		"\x1b[2Jcleared":   `"\x1b[2Jcleared"`,
-		"col\tshift":       `"col\tshift"`,
-		"bidi\u202eevil":   `"bidi\u202eevil"`,
-		"bad\xffutf8":      `"bad\xffutf8"`,
-		`"looks quoted\n"`: `"\"looks quoted\\n\""`,
-	} {
-		if got := printable(in); got != want {
-			t.Errorf("printable(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
-
 // A key or last error holding a newline or a terminal escape is printed
 // escaped by dead list and task show, so it cannot forge a line.
 func TestDeadListAndTaskShow_EscapeControlCharacters(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -207,7 +208,7 @@ func (c *presenceCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *presenceCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	live, err := outbox.LivePresences(ctx, c.db, presenceExpiry)
+	live, err := outbox.LivePresences(ctx, c.db, cli.PresenceExpiry)
 	if err != nil {
 		// delaybridge_outbox_up already reports an unreadable outbox.
 		c.log.Warn("delaybridge metrics: reading the live processes failed", "err", err)

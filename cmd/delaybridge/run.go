@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -69,7 +70,7 @@ back (up to --drain) and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if shardName != "" && !validShardName(shardName) {
+			if shardName != "" && !cli.ValidShardName(shardName) {
 				return fmt.Errorf("--shard-name %q: want 1-64 of [A-Za-z0-9_-]", shardName)
 			}
 			if shardName != "" {
@@ -106,13 +107,13 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer ses.Close()
-			db, cl := ses.db, ses.cl
-			grace = scanner.Grace(grace, cl.pub.Limits())
+			db, cl := ses.DB, ses.Clients
+			grace = scanner.Grace(grace, cl.Pub.Limits())
 			m := newMetrics(db, grace, a.log)
 			m.outbox.maxTopics = mTopics
 			m.shard = shardName
 			relayCfg.Hooks = outbox.LogProgress(m.RelayHooks(), a.log, 0)
-			relay, err := outbox.NewRelay(db, cl.pub, relayCfg)
+			relay, err := outbox.NewRelay(db, cl.Pub, relayCfg)
 			if err != nil {
 				return err
 			}
@@ -121,7 +122,7 @@ back (up to --drain) and exits 0.`,
 			if !noScan {
 				scanHooks = m.ScannerHooks()
 			}
-			sc, err := scanner.New(db, cl.pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
+			sc, err := scanner.New(db, cl.Pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
 			if err != nil {
 				return err
 			}
@@ -141,9 +142,9 @@ back (up to --drain) and exits 0.`,
 				_ = presence.Close(pctx)
 			}()
 
-			srv := newHTTPServer(a.httpHandler(m, db, cl.addr))
+			srv := cli.NewHTTPServer(a.httpHandler(m, db, cl.Addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
-				"limits_max_hop", cl.pub.Limits().MaxHop, "limits_precision", cl.pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
+				"limits_max_hop", cl.Pub.Limits().MaxHop, "limits_precision", cl.Pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
 			var wg sync.WaitGroup
@@ -270,7 +271,7 @@ func (a *app) serveMetricsOn(ln net.Listener, m *metrics, db *sql.DB, brokerAddr
 	if ln == nil {
 		return func() {}
 	}
-	srv := newHTTPServer(a.httpHandler(m, db, brokerAddr))
+	srv := cli.NewHTTPServer(a.httpHandler(m, db, brokerAddr))
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Fprintf(a.stderr, "metrics on http://%s/metrics\n", ln.Addr())
 	return func() {

@@ -25,15 +25,6 @@ import (
 // syncBuffer is a buffer safe to read while a command writes to it.
 type syncBuffer = testenv.SyncBuffer
 
-// rabbitFlags gives a test its own small ladder, deleted at cleanup.
-func rabbitFlags(t *testing.T) []string {
-	t.Helper()
-	url := testenv.AMQP(t)
-	prefix := testenv.Name("cli")
-	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
-	return []string{"--broker", "rabbit", "--amqp-url", url, "--rabbit-prefix", prefix, "--rabbit-depth", "8"}
-}
-
 // rocketFlags points the CLI at the local RocketMQ with its test limits.
 func rocketFlags(t *testing.T) []string {
 	t.Helper()
@@ -68,7 +59,7 @@ func TestRun_RelaysTasksServesMetricsAndStopsCleanly(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	root := newRootCmd()
-	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", addr, "--grace", "1s", "--stats-interval", "100ms"}, rabbitFlags(t)...))
+	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", addr, "--grace", "1s", "--stats-interval", "100ms"}, testenv.RabbitFlags(t)...))
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	done := make(chan error, 1)
@@ -141,7 +132,7 @@ func TestDemo_HoldsItsInvariantsOnBothBrokers(t *testing.T) {
 	for _, b := range []struct {
 		name  string
 		flags func(*testing.T) []string
-	}{{"rabbit", rabbitFlags}, {"rocket", rocketFlags}} {
+	}{{"rabbit", func(t *testing.T) []string { return testenv.RabbitFlags(t) }}, {"rocket", rocketFlags}} {
 		t.Run(b.name, func(t *testing.T) {
 			_, dsn := testenv.ScratchDB(t)
 			out := mustRun(t, append([]string{"demo", "--mysql-dsn", dsn, "--orders", "80", "--timeout", "2s", "--spread", "1s", "--json", "--log-level", "error"}, b.flags(t)...)...)
@@ -160,7 +151,7 @@ func TestBench_HandlesEveryTaskOnBothBrokers(t *testing.T) {
 		flags   func(*testing.T) []string
 		handler string
 		extra   []string
-	}{{"rabbit", rabbitFlags, "db", []string{"--group", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
+	}{{"rabbit", func(t *testing.T) []string { return testenv.RabbitFlags(t) }, "db", []string{"--group", "20"}}, {"rocket", rocketFlags, "noop", nil}} {
 		t.Run(b.name, func(t *testing.T) {
 			_, dsn := testenv.ScratchDB(t)
 			// A topic of its own: a new RocketMQ group on the shared
@@ -258,7 +249,7 @@ func checkBenchPhases(t *testing.T, m map[string]any) {
 
 func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 	dsn := scratch(t)
-	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, rabbitFlags(t)...)...)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, testenv.RabbitFlags(t)...)...)
 	if !strings.Contains(out, "OK    RabbitMQ 3.") || !strings.Contains(out, "0 failed") {
 		t.Fatalf("doctor rabbit:\n%s", out)
 	}
@@ -272,7 +263,7 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 	}
 	// An unmigrated database fails the schema check.
 	_, bare := testenv.ScratchDB(t)
-	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", bare}, rabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema not migrated") {
+	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", bare}, testenv.RabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema not migrated") {
 		t.Fatalf("doctor on an empty database: %v\n%s", err, fmt.Sprint(out))
 	}
 	// One left behind the binary's newest migration fails it too.
@@ -284,7 +275,7 @@ func TestDoctor_PassesOnTheLocalServicesAndCatchesAWrongLimit(t *testing.T) {
 	if _, err := pool.Exec("DELETE FROM delaybridge_migration WHERE version > 1"); err != nil {
 		t.Fatal(err)
 	}
-	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", dsn}, rabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema at version 1, this binary needs") {
+	if out, _, err := run(t, append([]string{"doctor", "--mysql-dsn", dsn}, testenv.RabbitFlags(t)...)...); err == nil || !strings.Contains(out, "FAIL  outbox schema at version 1, this binary needs") {
 		t.Fatalf("doctor on a version-1 schema: %v\n%s", err, out)
 	}
 }
@@ -294,7 +285,7 @@ func TestBench_RelayLookaheadHoldsTasksUntilTheirWindow(t *testing.T) {
 	// Due 4-5 s out with a 1 s lookahead: the relay cannot finish before the
 	// first task is 1 s from due, so it takes at least 2.5 s for 200 tasks.
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "200", "--delay", "4s", "--spread", "1s", "--per-tx", "10",
-		"--handler", "db", "--group", "20", "--lookahead", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--group", "20", "--lookahead", "1s", "--rabbit-prefetch", "500", "--json", "--wait", "60s", "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	m := lastJSON(t, out)
 	if m["handled"] != 200.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
 		t.Fatalf("bench summary %v", m)
@@ -309,7 +300,7 @@ func TestBench_RelayLookaheadHoldsTasksUntilTheirWindow(t *testing.T) {
 func TestBench_DatabaseOnlyRunsTheWorkloadWithoutTheBroker(t *testing.T) {
 	_, dsn := testenv.ScratchDB(t)
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "300", "--delay", "2s", "--per-tx", "50", "--preload", "--anchored",
-		"--handler", "db", "--database-only", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--database-only", "--json", "--wait", "60s", "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	m := lastJSON(t, out)
 	if m["handled"] != 300.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 {
 		t.Fatalf("bench summary %v", m)
@@ -327,7 +318,7 @@ func TestBench_DatabaseOnlyRunsTheWorkloadWithoutTheBroker(t *testing.T) {
 func TestBench_FloorRunsTheDatabaseAloneBeforeTheBroker(t *testing.T) {
 	_, dsn := testenv.ScratchDB(t)
 	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "300", "--delay", "2s", "--per-tx", "50", "--preload", "--anchored",
-		"--handler", "db", "--floor", "--json", "--wait", "60s", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--floor", "--json", "--wait", "60s", "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	m := lastJSON(t, out)
 	if m["handled"] != 300.0 || m["lost"] != 0.0 || m["early"] != 0.0 || m["dup_effects"] != 0.0 || m["mode"] != "ladder" {
 		t.Fatalf("bench summary %v", m)
@@ -360,7 +351,7 @@ func TestBench_FloorRunsTheDatabaseAloneBeforeTheBroker(t *testing.T) {
 func TestBench_AFailedFloorStillReportsTheBrokerRun(t *testing.T) {
 	_, dsn := testenv.ScratchDB(t)
 	out, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "3000", "--delay", "10s", "--per-tx", "500", "--preload", "--anchored",
-		"--handler", "db", "--floor", "--json", "--wait", "1ms", "--log-level", "error"}, rabbitFlags(t)...)...)
+		"--handler", "db", "--floor", "--json", "--wait", "1ms", "--log-level", "error"}, testenv.RabbitFlags(t)...)...)
 	if err == nil || !strings.Contains(err.Error(), "floor: bench: lost ") {
 		t.Fatalf("err = %v, want the floor's lost tasks reported", err)
 	}

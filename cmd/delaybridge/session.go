@@ -2,24 +2,17 @@ package main
 
 import (
 	"context"
-	"database/sql"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
-
-// session is what run, demo and bench open before their work: the outbox
-// database and the broker's clients.
-type session struct {
-	db *sql.DB
-	cl *clients
-}
 
 // openSession checks the broker flags, opens the database, migrates it
 // (demo and bench, on a development database) or checks that it is
 // migrated (run, which never changes a deployment's schema), then
 // connects the broker, with a subscriber when withSub. What it opened is
 // closed again when a later step fails.
-func (a *app) openSession(ctx context.Context, bf *brokerFlags, migrate, withSub bool) (*session, error) {
+func (a *app) openSession(ctx context.Context, bf *brokerFlags, migrate, withSub bool) (*cli.Session, error) {
 	if err := bf.check(a); err != nil {
 		return nil, err
 	}
@@ -41,11 +34,5 @@ func (a *app) openSession(ctx context.Context, bf *brokerFlags, migrate, withSub
 		db.Close()
 		return nil, err
 	}
-	return &session{db: db, cl: cl}, nil
-}
-
-// Close disconnects the broker, then closes the database.
-func (s *session) Close() {
-	s.cl.close()
-	s.db.Close()
+	return &cli.Session{DB: db, Clients: cl}, nil
 }

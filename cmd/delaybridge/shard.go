@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 )
 
 // A sharded order database keeps one outbox per shard. delaybridge runs one
@@ -46,7 +47,7 @@ func (s *shardFlags) parse() ([]shard, error) {
 	out := make([]shard, 0, len(s.raw))
 	for _, raw := range s.raw {
 		name, dsn, ok := strings.Cut(raw, "=")
-		if !ok || !validShardName(name) {
+		if !ok || !cli.ValidShardName(name) {
 			return nil, fmt.Errorf("--shard: want NAME=DSN or NAME=@FILE, NAME being 1-64 of [A-Za-z0-9_-]; got a value starting %q", shardPrefix(raw))
 		}
 		if slices.ContainsFunc(out, func(o shard) bool { return o.name == name }) {
@@ -80,18 +81,6 @@ func shardPrefix(raw string) string {
 		raw = raw[:20]
 	}
 	return raw
-}
-
-func validShardName(name string) bool {
-	if name == "" || len(name) > 64 {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // eachShard runs fn once per shard with a.mysqlDSN pointing at it, so the

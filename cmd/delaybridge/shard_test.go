@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -138,7 +139,7 @@ func TestStatusAndDoctor_CoverEveryShardAndNameIt(t *testing.T) {
 		t.Fatalf("status printed a shard's password: %v", err)
 	}
 
-	out, _, err = run(t, append(append([]string{"doctor", "--shard", dead}, shards...), rabbitFlags(t)...)...)
+	out, _, err = run(t, append(append([]string{"doctor", "--shard", dead}, shards...), testenv.RabbitFlags(t)...)...)
 	for _, want := range []string{"OK    shard a: outbox schema at version", "OK    shard b: outbox schema at version", "FAIL  shard c: database", "OK    RabbitMQ 3."} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor lacks %q", want)

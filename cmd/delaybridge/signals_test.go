@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -64,7 +66,7 @@ func TestStatus_ATaskLongPastDueWithItsRescueBackedOffIsOverdue(t *testing.T) {
 	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "forgotten", Key: "k1", DueAt: now.Add(-25 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, pool, "UPDATE delay_task SET state = 'published', published_ms = ?, next_attempt_ms = ?, rescues = 4",
+	testenv.MustExec(t, pool, "UPDATE delay_task SET state = 'published', published_ms = ?, next_attempt_ms = ?, rescues = 4",
 		now.Add(-5*time.Second).UnixMilli(), now.Add(time.Hour).UnixMilli())
 	out := mustRun(t, "status", "--mysql-dsn", dsn)
 	for _, want := range []string{"> 30s past due): 1 (0 pending)", "NO CONSUMER: topic forgotten has 1 overdue tasks"} {
@@ -89,7 +91,7 @@ func TestStatus_ATaskLongPastDueWithItsRescueBackedOffIsOverdue(t *testing.T) {
 // /metrics say so; with a relay live they say it is behind instead.
 func TestSignals_PendingPastDueAndNoLiveRelay(t *testing.T) {
 	b := setupConsole(t, true)
-	dsn := b.c.shards[0].dsn
+	dsn := b.dsn
 	if _, err := outbox.Schedule(context.Background(), b.db, outbox.Task{Topic: "stuck", Key: "p1", DueAt: time.Now().Add(-10 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +107,7 @@ func TestSignals_PendingPastDueAndNoLiveRelay(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &js); err != nil || !js.NoRelay || js.OverduePending != 1 || js.LiveRelays != 0 {
 		t.Errorf("status --json: %+v, %v", js, err)
 	}
-	if _, page := b.get(t, "/"); !strings.Contains(page, noRelay) {
+	if _, page := b.Get(t, "/"); !strings.Contains(page, noRelay) {
 		t.Errorf("the console's overview does not say %q", noRelay)
 	}
 	if got := gatherOutbox(t, dsn); got["delaybridge_outbox_overdue_pending_tasks"] != 1 || got["delaybridge_live_processes{role=relay}"] != 0 {
@@ -132,7 +134,7 @@ func TestSignals_PendingPastDueAndNoLiveRelay(t *testing.T) {
 // difference, naming both processes and both values.
 func TestSignals_ARelayWhosePrefixDiffersFromTheConsumersShows(t *testing.T) {
 	b := setupConsole(t, true)
-	dsn := b.c.shards[0].dsn
+	dsn := b.dsn
 	presence(t, dsn, "relay-1", outbox.RoleRelay, rabbitPrefix("delaybridge"))
 	presence(t, dsn, "shop-1", outbox.RoleConsumer, rabbitPrefix("shop"), "order-cancel")
 	const want = `prefix: relay relay-1 "delaybridge"; consumer shop-1 "shop"`
@@ -150,7 +152,7 @@ func TestSignals_ARelayWhosePrefixDiffersFromTheConsumersShows(t *testing.T) {
 	if r.failed != 1 || !strings.Contains(checksText(r), want) {
 		t.Errorf("doctor: %d failed:\n%s", r.failed, checksText(r))
 	}
-	if _, page := b.get(t, "/"); !strings.Contains(page, "TOPOLOGY MISMATCH: prefix: relay relay-1 &#34;delaybridge&#34;; consumer shop-1 &#34;shop&#34;") {
+	if _, page := b.Get(t, "/"); !strings.Contains(page, "TOPOLOGY MISMATCH: prefix: relay relay-1 &#34;delaybridge&#34;; consumer shop-1 &#34;shop&#34;") {
 		t.Errorf("the console's overview does not show the mismatch:\n%s", page)
 	}
 	if got := gatherOutbox(t, dsn); got["delaybridge_topology_mismatches"] != 1 {
@@ -182,7 +184,7 @@ func TestStatus_QuotesAStateThatIsNotPrintable(t *testing.T) {
 	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "t", Key: "k", DueAt: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, pool, "UPDATE delay_task SET state = ?", "\x1b[2J\rok")
+	testenv.MustExec(t, pool, "UPDATE delay_task SET state = ?", "\x1b[2J\rok")
 	out := mustRun(t, "status", "--live", "--mysql-dsn", dsn)
 	if strings.ContainsAny(out, "\x1b\r") || !strings.Contains(out, `"\x1b[2J\rok"`) {
 		t.Fatalf("status printed the state raw:\n%q", out)
@@ -207,12 +209,12 @@ func TestStatus_TimesReadAsAPersonWouldSayThem(t *testing.T) {
 		{1864*time.Hour + 8*time.Minute + 6300*time.Millisecond, "78 days"},
 		{76*24*time.Hour + time.Hour, "76 days"},
 	} {
-		if got := humanDur(tc.d); got != tc.want {
-			t.Errorf("humanDur(%v) = %q, want %q", tc.d, got, tc.want)
+		if got := cli.HumanDuration(tc.d); got != tc.want {
+			t.Errorf("cli.HumanDuration(%v) = %q, want %q", tc.d, got, tc.want)
 		}
 	}
 	now := time.Now()
-	if got := fmtAgo(now, now.Add(58*time.Minute+53*time.Second)); got != "in 58m53s" {
+	if got := cli.Ago(now, now.Add(58*time.Minute+53*time.Second)); got != "in 58m53s" {
 		t.Errorf("a time to come: %q, want \"in 58m53s\"", got)
 	}
 
@@ -228,7 +230,7 @@ func TestStatus_TimesReadAsAPersonWouldSayThem(t *testing.T) {
 	if err := outbox.RefreshStats(context.Background(), pool, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, pool, "UPDATE delay_task_stats_run SET computed_ms = computed_ms - 120000")
+	testenv.MustExec(t, pool, "UPDATE delay_task_stats_run SET computed_ms = computed_ms - 120000")
 	var js map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &js); err != nil {
 		t.Fatal(err)

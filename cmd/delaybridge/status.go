@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -74,18 +75,18 @@ naming it. A shard it cannot read is reported and the others still are.`,
 					return err
 				}
 			}
-			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, presenceExpiry)
+			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, cli.PresenceExpiry)
 			if err != nil {
 				return err
 			}
-			procs, err := readProcesses(ctx, db, st)
+			procs, err := cli.ReadProcesses(ctx, db, st)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusReport{statusJSON: statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed}, processes: procs})
+				return enc.Encode(statusReport{statusJSON: statusJSON{Shard: shardOf(ctx), Stats: st, Unconsumed: unconsumed}, Processes: procs})
 			}
 			if name := shardOf(ctx); name != "" {
 				fmt.Fprintf(a.stdout, "== shard %s\n", name)
@@ -101,29 +102,29 @@ naming it. A shard it cannot read is reported and the others still are.`,
 				for _, t := range topics {
 					// A row inserted by hand may hold any state: quoted when
 					// it is not printable, so it cannot drive the terminal.
-					fmt.Fprintf(w, "%s\t%s\t%d\n", printable(string(state)), printable(t), st.Backlog[state][t])
+					fmt.Fprintf(w, "%s\t%s\t%d\n", cli.Printable(string(state)), cli.Printable(t), st.Backlog[state][t])
 				}
 			}
 			fmt.Fprintf(w, "done\t*\t%d\ncancelled\t*\t%d\n", st.Done, st.Cancelled)
 			w.Flush()
 			oldest := "none"
 			if !st.OldestPendingDue.IsZero() {
-				oldest = fmt.Sprintf("%s (%s)", st.OldestPendingDue.Format(time.RFC3339), fmtAgo(now, st.OldestPendingDue))
+				oldest = fmt.Sprintf("%s (%s)", st.OldestPendingDue.Format(time.RFC3339), cli.Ago(now, st.OldestPendingDue))
 			}
 			if st.Live {
 				fmt.Fprintln(a.stdout, "counts: counted live now (no summary from `delaybridge run` yet, or --live)")
 			} else {
 				fmt.Fprintf(a.stdout, "counts: as of %s (%s ago; `delaybridge run` refreshes them)\n",
-					st.CountsAt.Format(time.RFC3339), humanDur(st.CountsAge))
+					st.CountsAt.Format(time.RFC3339), cli.HumanDuration(st.CountsAge))
 			}
 			fmt.Fprintf(a.stdout, "oldest pending due: %s\noverdue (pending or published, > %s past due): %d (%d pending)\ndead: %d\n",
-				oldest, humanDur(grace), st.Overdue, st.OverduePending, st.Dead)
-			printUnconsumed(a.stdout, unconsumed)
-			for _, l := range procs.lines() {
+				oldest, cli.HumanDuration(grace), st.Overdue, st.OverduePending, st.Dead)
+			cli.PrintUnconsumed(a.stdout, unconsumed)
+			for _, l := range procs.Lines() {
 				fmt.Fprintln(a.stdout, l)
 			}
 			l := st.Lateness
-			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %s: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, humanDur(window), l.P50, l.P90, l.P99, l.Max)
+			fmt.Fprintf(a.stdout, "lateness of %d tasks due in the last %s: p50 %dms p90 %dms p99 %dms max %dms\n", l.Count, cli.HumanDuration(window), l.P50, l.P90, l.P99, l.Max)
 			return nil
 		}),
 	}
@@ -151,62 +152,8 @@ func tableStates(backlog map[outbox.State]map[string]int) []outbox.State {
 	return append(states, other...)
 }
 
-// processes is what the live presences say about one outbox's relays and
-// consumers, beside its overdue counts: the signals status, doctor, the
-// console and /metrics give when work is stuck for want of a process.
-type processes struct {
-	// LiveRelays and LiveConsumers count the live presences by role.
-	LiveRelays    int `json:"live_relays"`
-	LiveConsumers int `json:"live_consumers"`
-	// OverduePending is Stats.OverduePending: pending tasks past due by
-	// the grace.
-	OverduePending int `json:"-"`
-	// NoRelay is set when pending tasks are past due and no relay is live.
-	NoRelay bool `json:"no_live_relay"`
-	// Mismatches are outbox.TopologyMismatches of the live processes.
-	Mismatches []string `json:"topology_mismatches"`
-}
-
 // statusReport is status --json: statusJSON and the processes' signals.
 type statusReport struct {
 	statusJSON
-	processes
-}
-
-// readProcesses reads the live presences and weighs them against st.
-func readProcesses(ctx context.Context, q outbox.Querier, st *outbox.Stats) (processes, error) {
-	live, err := outbox.LivePresences(ctx, q, presenceExpiry)
-	if err != nil {
-		return processes{}, err
-	}
-	p := processes{OverduePending: st.OverduePending, Mismatches: outbox.TopologyMismatches(live)}
-	if p.Mismatches == nil {
-		p.Mismatches = []string{}
-	}
-	for _, pr := range live {
-		switch pr.Role {
-		case outbox.RoleRelay:
-			p.LiveRelays++
-		case outbox.RoleConsumer:
-			p.LiveConsumers++
-		}
-	}
-	p.NoRelay = p.OverduePending > 0 && p.LiveRelays == 0
-	return p, nil
-}
-
-// lines are the processes' signals in words, one a line, none when all
-// is well.
-func (p processes) lines() []string {
-	var out []string
-	switch {
-	case p.NoRelay:
-		out = append(out, fmt.Sprintf("NO RELAY: %d pending tasks past due and no live relay (start `delaybridge run`)", p.OverduePending))
-	case p.OverduePending > 0:
-		out = append(out, fmt.Sprintf("RELAY BEHIND: %d pending tasks past due though %d relay(s) are live: its publishes fail or it is behind (see its log)", p.OverduePending, p.LiveRelays))
-	}
-	for _, m := range p.Mismatches {
-		out = append(out, "TOPOLOGY MISMATCH: "+printable(m)+": tasks may sit in queues nobody reads")
-	}
-	return out
+	cli.Processes
 }

@@ -5,15 +5,14 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -45,20 +44,20 @@ func newTaskCmd(a *app) *cobra.Command {
 			if err := outbox.Cancel(ctx, db, args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", printable(args[0]), printable(args[1]))
+			fmt.Fprintf(a.stdout, "cancelled %s/%s\n", cli.Printable(args[0]), cli.Printable(args[1]))
 			fmt.Fprintf(a.stdout, "warning: its handler will never run, so what it does (the business action) will not happen; schedule it again to have it done\n")
 			return nil
 		}),
 	}
 	rescheduleRun := a.outboxRun(func(ctx context.Context, db *sql.DB, args []string) error {
-		due, err := parseWhen(args[2], time.Now())
+		due, err := cli.ParseWhen(args[2], time.Now())
 		if err != nil {
 			return err
 		}
 		if err := outbox.Reschedule(ctx, db, args[0], args[1], due); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", printable(args[0]), printable(args[1]), due.UTC().Format(time.RFC3339Nano))
+		fmt.Fprintf(a.stdout, "rescheduled %s/%s to %s\n", cli.Printable(args[0]), cli.Printable(args[1]), due.UTC().Format(time.RFC3339Nano))
 		return nil
 	})
 	reschedule := &cobra.Command{
@@ -80,7 +79,7 @@ func newTaskCmd(a *app) *cobra.Command {
 			if err := topicKeyArgs(3)(cmd, args); err != nil {
 				return err
 			}
-			_, err := parseWhen(args[2], time.Now())
+			_, err := cli.ParseWhen(args[2], time.Now())
 			return err
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return rescheduleRun(cmd, cmd.Flags().Args()) },
@@ -161,7 +160,7 @@ func topicKeyArgs(n int) cobra.PositionalArgs {
 			return fmt.Errorf("TOPIC: %w", err)
 		}
 		if err := broker.ValidateKey(args[1]); err != nil {
-			return fmt.Errorf("KEY %s: %w", printable(args[1]), err)
+			return fmt.Errorf("KEY %s: %w", cli.Printable(args[1]), err)
 		}
 		return nil
 	}
@@ -175,7 +174,7 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 		return
 	}
 	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    handler %d, publish %d\nrescues:     %d\npayload:     %d bytes\n",
-		i.ID, printable(i.Task.Topic), printable(i.Task.Key), printable(string(i.State)), i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+		i.ID, cli.Printable(i.Task.Topic), cli.Printable(i.Task.Key), cli.Printable(string(i.State)), i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
 	if !i.PublishedAt.IsZero() {
 		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
 	}
@@ -183,7 +182,7 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 		fmt.Fprintf(a.stdout, "done:        %s (lateness %v)\n", i.DoneAt.Format(time.RFC3339Nano), i.DoneAt.Sub(i.Task.DueAt))
 	}
 	if i.LastError != "" {
-		fmt.Fprintf(a.stdout, "last error:  %s\n", printable(i.LastError))
+		fmt.Fprintf(a.stdout, "last error:  %s\n", cli.Printable(i.LastError))
 	}
 }
 
@@ -200,18 +199,4 @@ func infoJSON(i *outbox.TaskInfo) map[string]any {
 		m["done"] = i.DoneAt
 	}
 	return m
-}
-
-// printable returns s as a table or a report may show it: unchanged when
-// every rune is printable, otherwise quoted with Go's escapes (strconv.Quote).
-// Keys and last errors come from whoever scheduled the task or from a
-// broker; printed raw, a newline or a terminal escape in one would forge
-// lines of the output, and a tab would shift a table's columns. Text that
-// starts with '"' is quoted too, so an escaped and a plain value never look
-// alike.
-func printable(s string) string {
-	if utf8.ValidString(s) && !strings.HasPrefix(s, `"`) && strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
-		return s
-	}
-	return strconv.Quote(s)
 }

@@ -20,9 +20,9 @@ func TestTaskShow_PrintsNoControlCharacterFromTheRow(t *testing.T) {
 	if _, err := outbox.Schedule(context.Background(), db, outbox.Task{Topic: "esc", Key: "k", DueAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, db, "UPDATE delay_task SET state = ?, last_error = ? WHERE topic = 'esc'", "\x1b[2J\x1b[Hdone\n", "boom\x1b[1A\rdone: ok\x07")
+	testenv.MustExec(t, db, "UPDATE delay_task SET state = ?, last_error = ? WHERE topic = 'esc'", "\x1b[2J\x1b[Hdone\n", "boom\x1b[1A\rdone: ok\x07")
 	outs := []string{mustRun(t, "task", "show", "esc", "k", "--mysql-dsn", dsn)}
-	mustExec(t, db, "UPDATE delay_task SET state = 'dead' WHERE topic = 'esc'")
+	testenv.MustExec(t, db, "UPDATE delay_task SET state = 'dead' WHERE topic = 'esc'")
 	outs = append(outs, mustRun(t, "dead", "list", "--mysql-dsn", dsn))
 	for _, out := range outs {
 		if strings.ContainsAny(out, "\x1b\r\x07") {

@@ -39,7 +39,7 @@ func TestTaskReschedule_TakesANegativeDurationAsWhen(t *testing.T) {
 		{"task", "reschedule", "--mysql-dsn=" + dsn, "t", "k", "-5m", "--log-level", "error"},
 		{"task", "reschedule", "t", "k", "--mysql-dsn", dsn, "--", "-5m"},
 	} {
-		mustExec(t, db, "UPDATE delay_task SET due_ms = ? WHERE task_key = 'k'", time.Now().Add(time.Hour).UnixMilli())
+		testenv.MustExec(t, db, "UPDATE delay_task SET due_ms = ? WHERE task_key = 'k'", time.Now().Add(time.Hour).UnixMilli())
 		before := time.Now()
 		if out := mustRun(t, args...); !strings.Contains(out, "rescheduled t/k to ") {
 			t.Errorf("%q printed:\n%s", args, out)
@@ -77,11 +77,11 @@ func TestTaskReschedule_TakesANegativeDurationAsWhen(t *testing.T) {
 func TestTaskCancel_SaysTheBusinessActionWillNeverHappen(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	out := mustRun(t, "task", "cancel", consoleTopic, "k-soon-2", "--mysql-dsn", b.c.a.mysqlDSN)
+	out := mustRun(t, "task", "cancel", consoleTopic, "k-soon-2", "--mysql-dsn", b.dsn)
 	if !strings.Contains(out, "cancelled ") || !strings.Contains(out, "will never run") || !strings.Contains(out, "business action") {
 		t.Errorf("task cancel printed:\n%s", out)
 	}
-	code, page := b.post(t, fmt.Sprintf("/tasks/%d/cancel", b.ids["k-later"]), url.Values{csrfField: {b.c.csrf.token("ops")}}, true)
+	code, page := b.Post(t, fmt.Sprintf("/tasks/%d/cancel", b.ids["k-later"]), url.Values{"csrf": {b.Token(t)}}, true)
 	if code != http.StatusOK || !strings.Contains(page, "will never run") || !strings.Contains(page, "business action") {
 		t.Errorf("the console's confirmation of a cancel (%d) does not say the action will not happen:\n%s", code, page)
 	}

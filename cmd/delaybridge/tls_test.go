@@ -90,7 +90,7 @@ func TestTLS_DoctorReportsEncryptedDatabaseAndRabbitMQSessions(t *testing.T) {
 		}
 	}
 	// The same services without the TLS flags: no TLS line at all.
-	out = mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, rabbitFlags(t)...)...)
+	out = mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, testenv.RabbitFlags(t)...)...)
 	if strings.Contains(out, "uses TLS") {
 		t.Errorf("doctor reports TLS on plain connections:\n%s", out)
 	}
@@ -247,7 +247,7 @@ func writeCA(t *testing.T, path string) {
 func TestTLS_DoctorWarnsOfUnverifiedTLS(t *testing.T) {
 	tlsFiles(t)
 	dsn := scratch(t)
-	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn + "&tls=skip-verify"}, rabbitFlags(t)...)...)
+	out := mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn + "&tls=skip-verify"}, testenv.RabbitFlags(t)...)...)
 	if !strings.Contains(out, "WARN  database connection uses TLS (cipher ") || !strings.Contains(out, "does not verify the server's certificate (tls=skip-verify") ||
 		strings.Contains(out, "OK    database connection uses TLS") {
 		t.Errorf("doctor with tls=skip-verify:\n%s", out)

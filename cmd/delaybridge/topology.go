@@ -3,15 +3,13 @@ package main
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"io"
 	"log/slog"
-	"sort"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -32,10 +30,6 @@ func (a *app) announce(ctx context.Context, db *sql.DB, bf *brokerFlags, role ou
 	return outbox.Announce(ctx, db, outbox.Presence{Role: role, Topology: topo, Topics: topics}, outbox.PresenceConfig{Logger: a.log})
 }
 
-// presenceExpiry is how long after its last heartbeat a consumer stops
-// counting for status and /metrics: outbox.PresenceConfig's default.
-const presenceExpiry = 3 * outbox.DefaultHeartbeat
-
 var descUnconsumed = prometheus.NewDesc("delaybridge_outbox_unconsumed_overdue_tasks",
 	"Published tasks overdue by more than the grace, of topics no live consumer announced itself for (a consumer with another prefix or group, or none). Counted among the oldest 10,000 overdue tasks.",
 	[]string{"topic"}, nil)
@@ -54,7 +48,7 @@ func (c *unconsumedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descU
 func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	topics, err := outbox.Unconsumed(ctx, c.db, time.Now(), c.grace, presenceExpiry)
+	topics, err := outbox.Unconsumed(ctx, c.db, time.Now(), c.grace, cli.PresenceExpiry)
 	if err != nil {
 		// delaybridge_outbox_up already reports an unreadable outbox.
 		c.log.Warn("delaybridge metrics: reading unconsumed topics failed", "err", err)
@@ -71,31 +65,4 @@ type statusJSON struct {
 	Shard string `json:"shard,omitempty"`
 	*outbox.Stats
 	Unconsumed map[string]int `json:"unconsumed_overdue"`
-}
-
-// printUnconsumed writes status's lines for overdue topics no live
-// consumer announced itself for.
-func printUnconsumed(w io.Writer, topics map[string]int) {
-	names := make([]string, 0, len(topics))
-	for t := range topics {
-		names = append(names, t)
-	}
-	sort.Strings(names)
-	total := 0
-	for _, n := range topics {
-		total += n
-	}
-	// The check reads the oldest UnconsumedScan overdue tasks only: when it
-	// saw that many, each count may be short.
-	atLeast := ""
-	if total >= outbox.UnconsumedScan {
-		atLeast = "at least "
-	}
-	for _, t := range names {
-		fmt.Fprintf(w, "NO CONSUMER: topic %s has %s%d overdue tasks and no live consumer (none running, or one whose prefix or group differs from the relay's)\n",
-			printable(t), atLeast, topics[t])
-	}
-	if atLeast != "" {
-		fmt.Fprintf(w, "(these counts come from the oldest %d overdue tasks only)\n", outbox.UnconsumedScan)
-	}
 }

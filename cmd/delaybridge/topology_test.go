@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -33,7 +32,7 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	if _, err := pool.Exec("UPDATE delay_task SET state = 'published', published_ms = ?", published); err != nil {
 		t.Fatal(err)
 	}
-	flags := rabbitFlags(t)
+	flags := testenv.RabbitFlags(t)
 	// A consumer that started first with the prefix "shop" (and was let
 	// start anyway): the relay must say so when it starts.
 	shop := broker.Topology{Broker: "rabbit", Settings: map[string]string{"prefix": "shop"}}
@@ -108,21 +107,5 @@ func TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows(t *testing.T) {
 	var n int
 	if err := pool.QueryRow("SELECT COUNT(*) FROM delaybridge_presence WHERE role = 'relay'").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("the relay's presence outlived run: %d, %v", n, err)
-	}
-}
-
-// status says a topic's count of unconsumed overdue tasks is a lower bound
-// when the check read as many as it reads at most, and only then.
-func TestPrintUnconsumed_SaysAtLeastWhenTheScanWasFull(t *testing.T) {
-	var below, full strings.Builder
-	printUnconsumed(&below, map[string]int{"a": 3, "b": outbox.UnconsumedScan - 4})
-	printUnconsumed(&full, map[string]int{"a": 3, "b": outbox.UnconsumedScan - 3})
-	if strings.Contains(below.String(), "at least") || !strings.Contains(below.String(), "topic a has 3 overdue tasks") {
-		t.Errorf("below the scan's limit:\n%s", below.String())
-	}
-	for _, want := range []string{"topic a has at least 3 overdue", fmt.Sprintf("topic b has at least %d overdue", outbox.UnconsumedScan-3), fmt.Sprintf("oldest %d overdue tasks only", outbox.UnconsumedScan)} {
-		if !strings.Contains(full.String(), want) {
-			t.Errorf("at the scan's limit, no %q in:\n%s", want, full.String())
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"strings"
@@ -24,15 +24,15 @@ func TestParseWhen(t *testing.T) {
 		{in: "tomorrow", err: "RFC 3339"},
 		{in: "2026-13-01T00:00:00Z", err: "RFC 3339"},
 	} {
-		got, err := parseWhen(tc.in, now)
+		got, err := ParseWhen(tc.in, now)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("parseWhen(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
+				t.Errorf("ParseWhen(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || !got.Equal(tc.want) {
-			t.Errorf("parseWhen(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			t.Errorf("ParseWhen(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
 }
@@ -43,9 +43,9 @@ func FuzzParseWhen(f *testing.F) {
 	}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := parseWhen(s, now)
+		got, err := ParseWhen(s, now)
 		if err == nil && strings.HasPrefix(strings.TrimSpace(s), "+") && got.Before(now) {
-			t.Fatalf("parseWhen(%q) = %v, before now", s, got)
+			t.Fatalf("ParseWhen(%q) = %v, before now", s, got)
 		}
 	})
 }

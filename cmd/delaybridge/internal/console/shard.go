@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/delaybridge/delaybridge/internal/redact"
 )
 
 // A sharded outbox keeps one delay_task table per shard database (see
@@ -19,8 +19,8 @@ import (
 // page works on one shard, named by ?shard=NAME in its URL, since task ids
 // are only unique within a shard.
 
-// consoleShard is one outbox database the console serves.
-type consoleShard struct {
+// Shard is one outbox database the console serves.
+type Shard struct {
 	// name is the --shard name; "" for the one database of an unsharded
 	// console.
 	name string
@@ -30,70 +30,35 @@ type consoleShard struct {
 
 // describe says why sh could not answer, naming its database with the
 // password hidden.
-func (sh *consoleShard) describe(err error) string {
-	return fmt.Sprintf("database %s: %v", redactDSN(sh.dsn), scrub(err, sh.dsn))
+func (sh *Shard) describe(err error) string {
+	return fmt.Sprintf("database %s: %v", redact.DSN(sh.dsn), redact.Scrub(err, sh.dsn))
 }
 
 // shardPingTimeout bounds the check at start that each shard answers.
 const shardPingTimeout = 5 * time.Second
 
-// openConsoleShards opens the databases the console serves: --mysql-dsn
-// when no --shard is given, which must answer at start as for every other
-// command; else every --shard, each a pool that connects when used. A shard
-// that does not answer at start is logged, and shown as down until it
-// answers: the console is for looking at an outage too.
-func (a *app) openConsoleShards(ctx context.Context, sf *shardFlags) ([]*consoleShard, error) {
-	parsed, err := sf.parse()
-	if err != nil {
-		return nil, err
-	}
-	if len(parsed) == 0 {
-		db, err := a.openDB(ctx)
-		if err != nil {
-			return nil, err
+// NewShard is the outbox database db, at dsn, that the console serves as
+// shard name ("" for the one database of an unsharded console).
+func NewShard(name, dsn string, db *sql.DB) *Shard { return &Shard{name: name, dsn: dsn, db: db} }
+
+// pingShards logs each named shard that does not answer at start: it is
+// shown as down until it answers, since the console is for looking at an
+// outage too.
+func pingShards(ctx context.Context, log *slog.Logger, shards []*Shard) {
+	for _, sh := range shards {
+		if sh.name == "" {
+			continue
 		}
-		return []*consoleShard{{dsn: a.mysqlDSN, db: db}}, nil
-	}
-	if a.mysqlDSN != "" {
-		return nil, fmt.Errorf("--mysql-dsn and --shard are both set (flag, %s or config file): give every outbox as a --shard", envName("mysql-dsn"))
-	}
-	// mysqlConfig reads a.mysqlDSN: point it at each shard in turn, so the
-	// --mysql-tls-* flags apply to every shard as they do for status.
-	defer func() { a.mysqlDSN = "" }()
-	var out []*consoleShard
-	for _, p := range parsed {
-		a.mysqlDSN = p.dsn
-		db, err := openPool(a)
-		if err != nil {
-			closeShards(out)
-			return nil, fmt.Errorf("--shard %s: %w", p.name, scrub(err, p.dsn))
-		}
-		out = append(out, &consoleShard{name: p.name, dsn: p.dsn, db: db})
-	}
-	for _, sh := range out {
 		pctx, cancel := context.WithTimeout(ctx, shardPingTimeout)
 		if err := sh.db.PingContext(pctx); err != nil {
-			a.log.Warn("delaybridge console: a shard does not answer; it is shown as down until it does", "shard", sh.name, "err", sh.describe(err))
+			log.Warn("delaybridge console: a shard does not answer; it is shown as down until it does", "shard", sh.name, "err", sh.describe(err))
 		}
 		cancel()
 	}
-	return out, nil
 }
 
-// openPool opens a pool on a.mysqlDSN without connecting.
-func openPool(a *app) (*sql.DB, error) {
-	cfg, err := a.mysqlConfig()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return sql.OpenDB(conn), nil
-}
-
-func closeShards(shards []*consoleShard) {
+// CloseShards closes the shards' databases.
+func CloseShards(shards []*Shard) {
 	for _, sh := range shards {
 		_ = sh.db.Close()
 	}
@@ -118,7 +83,7 @@ func (c *console) shardNames() []string {
 // unsharded console has its one database; a sharded one its first shard,
 // unless need says the request only makes sense on a named shard (a task
 // id, an action). The status says how to answer an error.
-func (c *console) shardFor(r *http.Request, need bool) (*consoleShard, int, error) {
+func (c *console) shardFor(r *http.Request, need bool) (*Shard, int, error) {
 	name := r.URL.Query().Get("shard")
 	if !c.sharded() {
 		if name != "" {
@@ -141,7 +106,7 @@ func (c *console) shardFor(r *http.Request, need bool) (*consoleShard, int, erro
 }
 
 // logFor is the console's logger, naming sh when the outbox is sharded.
-func (c *console) logFor(sh *consoleShard) *slog.Logger {
+func (c *console) logFor(sh *Shard) *slog.Logger {
 	if sh.name == "" {
 		return c.log
 	}
@@ -150,7 +115,7 @@ func (c *console) logFor(sh *consoleShard) *slog.Logger {
 
 // secrets are the DSNs an error must never show.
 func (c *console) secrets() []string {
-	out := []string{c.a.mysqlDSN}
+	out := []string{c.env.DSN}
 	for _, sh := range c.shards {
 		out = append(out, sh.dsn)
 	}

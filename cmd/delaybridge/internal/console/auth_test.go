@@ -1,6 +1,7 @@
-package main
+package console
 
 import (
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console/consoletest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,19 +14,19 @@ import (
 	"time"
 )
 
-const testConsolePassword = "correct-horse-battery-staple"
+const testConsolePassword = consoletest.Password
 
 func TestConsoleCredential_ParsesUserPasswordAndRefusesWeakOrMalformedLines(t *testing.T) {
-	good, err := parseConsoleCredential("ops:"+testConsolePassword, "f")
+	good, err := parseCredential("ops:"+testConsolePassword, "f")
 	if err != nil || good.user != "ops" || good.password != testConsolePassword {
 		t.Fatalf("good line: %+v, %v", good, err)
 	}
 	// A colon inside the password is the password's.
-	if c, err := parseConsoleCredential("ops:a:b-long-enough-password", "f"); err != nil || c.password != "a:b-long-enough-password" {
+	if c, err := parseCredential("ops:a:b-long-enough-password", "f"); err != nil || c.password != "a:b-long-enough-password" {
 		t.Fatalf("colon in password: %+v, %v", c, err)
 	}
 	for _, line := range []string{"ops", ":" + testConsolePassword, "ops:", "ops:short", "o ps:" + testConsolePassword, "o\x01:" + testConsolePassword} {
-		if _, err := parseConsoleCredential(line, "f"); err == nil {
+		if _, err := parseCredential(line, "f"); err == nil {
 			t.Errorf("%q accepted", line)
 		} else if strings.Contains(err.Error(), testConsolePassword) {
 			t.Errorf("%q: the error quotes the password: %v", line, err)
@@ -36,29 +37,29 @@ func TestConsoleCredential_ParsesUserPasswordAndRefusesWeakOrMalformedLines(t *t
 func TestConsoleCredential_ReadsTheFileLikeEverySecret(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "auth")
-	if _, err := readConsoleCredential(""); err == nil || !strings.Contains(err.Error(), "--auth-file is required") {
+	if _, err := readCredential(""); err == nil || !strings.Contains(err.Error(), "--auth-file is required") {
 		t.Fatalf("no file: %v", err)
 	}
-	if _, err := readConsoleCredential(path); err == nil {
+	if _, err := readCredential(path); err == nil {
 		t.Fatal("a missing file was accepted")
 	}
 	if err := os.WriteFile(path, []byte("ops:"+testConsolePassword+"\nother:"+testConsolePassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readConsoleCredential(path); err == nil || strings.Contains(err.Error(), testConsolePassword) {
+	if _, err := readCredential(path); err == nil || strings.Contains(err.Error(), testConsolePassword) {
 		t.Fatalf("two lines: %v", err)
 	}
 	if err := os.WriteFile(path, []byte("ops:"+testConsolePassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := readConsoleCredential(path)
+	c, err := readCredential(path)
 	if err != nil || c.user != "ops" || c.password != testConsolePassword {
 		t.Fatalf("good file: %+v, %v", c, err)
 	}
 }
 
 func TestConsoleCredential_CheckNeedsBothParts(t *testing.T) {
-	c := consoleCredential{user: "ops", password: testConsolePassword}
+	c := credential{user: "ops", password: testConsolePassword}
 	for _, tc := range []struct {
 		name       string
 		user, pass string
@@ -81,49 +82,6 @@ func TestConsoleCredential_CheckNeedsBothParts(t *testing.T) {
 	}
 }
 
-func TestCSRF_TokenIsBoundToUserAndTimeAndKey(t *testing.T) {
-	now := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now }
-	c, err := newCSRF(clock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := c.token("ops")
-	if err := c.check("ops", tok); err != nil {
-		t.Fatalf("fresh token refused: %v", err)
-	}
-	other, err := newCSRF(clock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, mac, _ := strings.Cut(tok, ".")
-	flipped := []byte(mac)
-	flipped[0] ^= 1
-	for name, bad := range map[string]string{
-		"empty":           "",
-		"no dot":          ts + mac,
-		"bad time":        "x." + mac,
-		"tampered mac":    ts + "." + string(flipped),
-		"moved time":      "1" + ts + "." + mac,
-		"another process": other.token("ops"),
-	} {
-		if err := c.check("ops", bad); err == nil {
-			t.Errorf("%s: token %q accepted", name, bad)
-		}
-	}
-	if err := c.check("eve", tok); err == nil {
-		t.Error("a token issued to ops was accepted for eve")
-	}
-	now = now.Add(csrfTTL - time.Second)
-	if err := c.check("ops", tok); err != nil {
-		t.Errorf("token refused just before it expires: %v", err)
-	}
-	now = now.Add(2 * time.Second)
-	if err := c.check("ops", tok); err == nil {
-		t.Error("expired token accepted")
-	}
-}
-
 // guardedConsole is a console with only what guard uses, around a handler
 // that answers 200 "ok".
 func guardedConsole(t *testing.T) (*console, http.Handler) {
@@ -132,7 +90,7 @@ func guardedConsole(t *testing.T) (*console, http.Handler) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &console{cred: consoleCredential{user: "ops", password: testConsolePassword}, csrf: cs, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	c := &console{cred: credential{user: "ops", password: testConsolePassword}, csrf: cs, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	return c, c.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok "+who(r))
 	}))
@@ -194,7 +152,7 @@ func TestConsoleGuard_RefusesWithoutCredentialOrTokenAndSetsHeaders(t *testing.T
 	if w := serve(authed(http.MethodPut, "/", nil)); w.Code != http.StatusMethodNotAllowed {
 		t.Errorf("PUT: %d", w.Code)
 	}
-	big := authed(http.MethodPost, "/dead/replay", url.Values{csrfField: {c.csrf.token("ops")}, "id": {strings.Repeat("1", consoleMaxForm)}})
+	big := authed(http.MethodPost, "/dead/replay", url.Values{csrfField: {c.csrf.token("ops")}, "id": {strings.Repeat("1", maxForm)}})
 	if w := serve(big); w.Code != http.StatusBadRequest {
 		t.Errorf("oversized form: %d", w.Code)
 	}

@@ -1,10 +1,9 @@
-package main
+package console
 
 import (
 	"fmt"
 	"github.com/delaybridge/delaybridge"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -62,8 +61,9 @@ FROM seq_`+strconv.Itoa(lo)+`_to_`+strconv.Itoa(hi),
 		b.Fatal(err)
 	}
 
-	a := &app{mysqlDSN: dsn, stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	c, err := newConsole(a, []*consoleShard{{dsn: dsn, db: db}}, &brokerFlags{delaybridge.Config{Broker: "rabbit"}}, &shardFlags{}, consoleCredential{user: "ops", password: testConsolePassword}, consoleOptions{grace: 30 * time.Second})
+	env := testEnv(b, dsn, io.Discard)
+	env.Broker = delaybridge.Config{Broker: "rabbit"}
+	c, err := newConsole(env, []*Shard{{dsn: dsn, db: db}}, credential{user: "ops", password: testConsolePassword}, Options{grace: 30 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

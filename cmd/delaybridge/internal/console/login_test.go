@@ -1,7 +1,8 @@
-package main
+package console
 
 import (
 	"fmt"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,15 +18,15 @@ import (
 type loginBundle struct {
 	mu   sync.Mutex
 	now  time.Time
-	logs *syncBuffer
+	logs *testenv.SyncBuffer
 	h    http.Handler
 }
 
 func setupLogins(t *testing.T) *loginBundle {
 	t.Helper()
-	b := &loginBundle{now: time.Unix(1_800_000_000, 0), logs: &syncBuffer{}}
+	b := &loginBundle{now: time.Unix(1_800_000_000, 0), logs: &testenv.SyncBuffer{}}
 	log := slog.New(slog.NewTextHandler(b.logs, nil))
-	c := &console{cred: consoleCredential{user: "ops", password: testConsolePassword}, log: log}
+	c := &console{cred: credential{user: "ops", password: testConsolePassword}, log: log}
 	c.logins = newLoginThrottle(b.clock, log)
 	c.csrf, _ = newCSRF(b.clock)
 	b.h = c.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
@@ -170,12 +171,12 @@ func TestLoginAddr_CountsIPv6ByItsSlash64(t *testing.T) {
 // whatever its length.
 func TestConsoleCredential_RefusesAPasswordOfWhiteSpace(t *testing.T) {
 	for _, pass := range []string{strings.Repeat(" ", 16), strings.Repeat(" \t", 12)} {
-		_, err := parseConsoleCredential("ops:"+pass, "/etc/auth")
+		_, err := parseCredential("ops:"+pass, "/etc/auth")
 		if err == nil || !strings.Contains(err.Error(), "only white space") {
 			t.Errorf("password of %d white space characters: %v, want it refused", len(pass), err)
 		}
 	}
-	if _, err := parseConsoleCredential("ops:  a password with spaces  ", "/etc/auth"); err != nil {
+	if _, err := parseCredential("ops:  a password with spaces  ", "/etc/auth"); err != nil {
 		t.Errorf("a password with spaces in it: %v", err)
 	}
 }

@@ -1,71 +1,27 @@
-package main
+package console
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/spf13/pflag"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console/consoletest"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
-// writeAuthFile writes a console credential file and returns its path.
-func writeAuthFile(t *testing.T) string {
-	t.Helper()
-	f := filepath.Join(t.TempDir(), "auth")
-	if err := os.WriteFile(f, []byte("ops:"+testConsolePassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func TestConsoleCmd_RefusesBadShardFlagsWithoutShowingPasswords(t *testing.T) {
-	t.Setenv("DELAYBRIDGE_MYSQL_DSN", "")
-	auth := writeAuthFile(t)
-	good := "a=u:secretpw@tcp(127.0.0.1:1)/o"
-	for _, tc := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"illegal name", []string{"--shard", "a b=u:secretpw@tcp(h:1)/o"}, "--shard: want NAME=DSN or NAME=@FILE"},
-		{"no name", []string{"--shard", "=u:secretpw@tcp(h:1)/o"}, "--shard: want NAME=DSN"},
-		{"no DSN", []string{"--shard", "a"}, "--shard: want NAME=DSN"},
-		{"duplicate name", []string{"--shard", good, "--shard", "a=u:secretpw@tcp(127.0.0.1:2)/o"}, "--shard a given twice"},
-		{"bad DSN", []string{"--shard", "b=u:secretpw@tcp(h:1)o"}, "--shard b: DSN"},
-		{"missing DSN file", []string{"--shard", "b=@/nonexistent/b.dsn"}, "--shard b:"},
-		{"empty DSN", []string{"--shard", good, "--shard", "b="}, "--shard b: empty DSN"},
-		{"with --mysql-dsn", []string{"--shard", good, "--mysql-dsn", "u:secretpw@tcp(127.0.0.1:1)/o"}, "--mysql-dsn and --shard are both set"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := run(t, append([]string{"console", "--auth-file", auth, "--listen", "127.0.0.1:0"}, tc.args...)...)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err %v, want one containing %q", err, tc.want)
-			}
-			if strings.Contains(err.Error(), "secretpw") {
-				t.Fatalf("error shows the password: %v", err)
-			}
-		})
-	}
-}
-
 // unreachableShard is a shard whose server refuses every connection: a
 // pool on it opens, and every query fails at once.
-func unreachableShard(t *testing.T, name string) *consoleShard {
+func unreachableShard(t *testing.T, name string) *Shard {
 	t.Helper()
 	dsn := "delaybridge:secretpw@tcp(127.0.0.1:1)/delaybridge?timeout=2s"
 	db, err := sql.Open("mysql", dsn)
@@ -73,35 +29,30 @@ func unreachableShard(t *testing.T, name string) *consoleShard {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	return &consoleShard{name: name, dsn: dsn, db: db}
+	return &Shard{name: name, dsn: dsn, db: db}
 }
 
-// serveConsole serves a console over shards with the broker flags
-// brokerArgs, logging into logs.
-func serveConsole(t *testing.T, a *app, shards []*consoleShard, sf *shardFlags, brokerArgs ...string) *consoleBundle {
+// shardOpts are the options of the consoles of the shard tests.
+var shardOpts = Options{grace: 30 * time.Second, probe: 2 * time.Second}
+
+// serveConsole serves a console with opts over shards, its --mysql-dsn
+// dsn, with the broker flags brokerArgs, logging into logs.
+func serveConsole(t *testing.T, dsn string, shards []*Shard, opts Options, brokerArgs ...string) *consoleBundle {
 	t.Helper()
-	b := &consoleBundle{logs: &syncBuffer{}, ids: map[string]int64{}}
-	a.log = slog.New(slog.NewTextHandler(b.logs, nil))
-	var bf brokerFlags
-	fs := pflag.NewFlagSet("console", pflag.ContinueOnError)
-	bf.register(fs)
-	if err := fs.Parse(brokerArgs); err != nil {
-		t.Fatal(err)
-	}
-	c, err := newConsole(a, shards, &bf, sf, consoleCredential{user: "ops", password: testConsolePassword},
-		consoleOptions{grace: 30 * time.Second, probe: 2 * time.Second})
+	b := &consoleBundle{logs: &testenv.SyncBuffer{}, ids: map[string]int64{}}
+	c, err := newConsole(testEnv(t, dsn, b.logs, brokerArgs...), shards, credential{user: "ops", password: testConsolePassword}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.c = c
 	b.srv = httptest.NewServer(c.Handler())
+	b.Client = consoletest.Client{URL: b.srv.URL}
 	t.Cleanup(func() { b.srv.Close(); c.Close() })
 	return b
 }
 
 func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
-	a := &app{stdout: io.Discard, stderr: io.Discard}
-	b := serveConsole(t, a, []*consoleShard{unreachableShard(t, "eu-1"), unreachableShard(t, "eu-2")}, &shardFlags{}, "--broker", "rabbit")
+	b := serveConsole(t, "", []*Shard{unreachableShard(t, "eu-1"), unreachableShard(t, "eu-2")}, shardOpts, "--broker", "rabbit")
 	token := b.c.csrf.token("ops")
 	for _, tc := range []struct {
 		method, path string
@@ -123,9 +74,9 @@ func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
 		var code int
 		var body string
 		if tc.method == http.MethodPost {
-			code, body = b.post(t, tc.path, url.Values{"confirm": {"yes"}, "id": {"1"}, csrfField: {token}}, true)
+			code, body = b.Post(t, tc.path, url.Values{"confirm": {"yes"}, "id": {"1"}, csrfField: {token}}, true)
 		} else {
-			code, body = b.get(t, tc.path)
+			code, body = b.Get(t, tc.path)
 		}
 		if code != tc.status || !strings.Contains(body, tc.want) {
 			t.Errorf("%s %s: %d, want %d with %q in\n%s", tc.method, tc.path, code, tc.status, tc.want, body)
@@ -136,7 +87,7 @@ func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
 	}
 
 	// The overview shows every shard down, with its error, and no password.
-	code, body := b.get(t, "/")
+	code, body := b.Get(t, "/")
 	if code != http.StatusOK {
 		t.Fatalf("overview with every shard down: %d\n%s", code, body)
 	}
@@ -150,8 +101,8 @@ func TestConsole_ShardRoutingRefusesUnknownAndMissingShards(t *testing.T) {
 	}
 
 	// An unsharded console knows no shard names.
-	one := serveConsole(t, &app{stdout: io.Discard, stderr: io.Discard}, []*consoleShard{{dsn: "u:p@tcp(127.0.0.1:1)/o", db: b.c.shards[0].db}}, &shardFlags{}, "--broker", "rabbit")
-	if code, body := one.get(t, "/tasks?shard=eu-1"); code != http.StatusNotFound || !strings.Contains(body, "this console serves one outbox database, not shards") {
+	one := serveConsole(t, "", []*Shard{{dsn: "u:p@tcp(127.0.0.1:1)/o", db: b.c.shards[0].db}}, shardOpts, "--broker", "rabbit")
+	if code, body := one.Get(t, "/tasks?shard=eu-1"); code != http.StatusNotFound || !strings.Contains(body, "this console serves one outbox database, not shards") {
 		t.Errorf("unsharded console with ?shard=: %d\n%s", code, body)
 	}
 }
@@ -185,10 +136,10 @@ func (s *shardDB) state(t *testing.T, id int64) outbox.State {
 
 // newShardDB schedules tasks with keys, all pending and due later, then
 // kills the ones named dead, and counts them as the daemon would.
-func newShardDB(t *testing.T, dsn string, keys []string, dead ...string) *shardDB {
+func newShardDB(t *testing.T, db *sql.DB, keys []string, dead ...string) *shardDB {
 	t.Helper()
 	ctx := context.Background()
-	s := &shardDB{db: openDSN(t, dsn), ids: map[string]int64{}}
+	s := &shardDB{db: db, ids: map[string]int64{}}
 	for i, k := range keys {
 		id, err := outbox.Schedule(ctx, s.db, outbox.Task{Topic: consoleTopic, Key: k, DueAt: time.Now().Add(2*time.Hour + time.Duration(i)*time.Minute)})
 		if err != nil {
@@ -197,7 +148,7 @@ func newShardDB(t *testing.T, dsn string, keys []string, dead ...string) *shardD
 		s.ids[k] = id
 	}
 	for _, k := range dead {
-		mustExec(t, s.db, "UPDATE delay_task SET state = 'dead', last_error = 'handler gave up: boom' WHERE id = ?", s.ids[k])
+		testenv.MustExec(t, s.db, "UPDATE delay_task SET state = 'dead', last_error = 'handler gave up: boom' WHERE id = ?", s.ids[k])
 	}
 	if err := outbox.RefreshStats(ctx, s.db, 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -211,30 +162,23 @@ func newShardDB(t *testing.T, dsn string, keys []string, dead ...string) *shardD
 func TestConsole_InABrowser_ServesEachShardOnItsOwnDatabase(t *testing.T) {
 	testenv.SkipIfShort(t, "starts a second MariaDB server and Chromium")
 	t.Setenv("DELAYBRIDGE_MYSQL_DSN", "")
-	dsnA := scratch(t)
-	_, dsnB := testenv.ScratchDBAt(t, testenv.Shard2(t))
-	mustRun(t, "migrate", "--mysql-dsn", dsnB)
+	dbA, dsnA := scratch(t)
+	dbB, dsnB := testenv.ScratchDBAt(t, testenv.Shard2(t))
+	if _, err := outbox.Migrate(context.Background(), dbB); err != nil {
+		t.Fatal(err)
+	}
 	// Ids start at 1 in both databases, so the same id names a different
 	// task in each shard: an action on the wrong shard would show.
-	a := newShardDB(t, dsnA, []string{"a-1", "a-2", "a-3"}, "a-3")
-	b := newShardDB(t, dsnB, []string{"b-1", "b-2", "b-3", "b-4", "only-b"}, "b-4")
+	a := newShardDB(t, dbA, []string{"a-1", "a-2", "a-3"}, "a-3")
+	b := newShardDB(t, dbB, []string{"b-1", "b-2", "b-3", "b-4", "only-b"}, "b-4")
 	if a.ids["a-2"] != b.ids["b-2"] {
 		t.Fatalf("ids a-2=%d b-2=%d: want the same id in both shards", a.ids["a-2"], b.ids["b-2"])
 	}
 
-	// The real path from flags: --shard NAME=DSN, one given as NAME=@FILE.
-	fileB := filepath.Join(t.TempDir(), "b.dsn")
-	if err := os.WriteFile(fileB, []byte(dsnB+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sf := &shardFlags{raw: []string{"a=" + dsnA, "b=@" + fileB, "c=delaybridge:secretpw@tcp(127.0.0.1:1)/delaybridge"}}
-	app := &app{stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	shards, err := app.openConsoleShards(context.Background(), sf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeShards(shards) })
-	con := serveConsole(t, app, shards, sf, rabbitFlags(t)...)
+	// The shards as the binary opens them from --shard a=DSN b=DSN c=DSN
+	// (its tests cover the flags): pools that connect when used, c's on a
+	// server that refuses every connection.
+	con := serveConsole(t, "", []*Shard{{name: "a", dsn: dsnA, db: dbA}, {name: "b", dsn: dsnB, db: dbB}, unreachableShard(t, "c")}, shardOpts, testenv.RabbitFlags(t)...)
 	ctx := browser(t)
 
 	// Overview: each shard's counts under its name, the totals, and shard c
@@ -338,7 +282,7 @@ func TestConsole_InABrowser_ServesEachShardOnItsOwnDatabase(t *testing.T) {
 	if strings.Contains(logs, "secretpw") {
 		t.Errorf("the log shows a password:\n%s", logs)
 	}
-	if code, _ := con.get(t, fmt.Sprintf("/tasks/%d?shard=nope", b.ids["b-2"])); code != http.StatusNotFound {
+	if code, _ := con.Get(t, fmt.Sprintf("/tasks/%d?shard=nope", b.ids["b-2"])); code != http.StatusNotFound {
 		t.Errorf("unknown shard: %d, want 404", code)
 	}
 
@@ -351,7 +295,7 @@ func TestConsole_InABrowser_ServesEachShardOnItsOwnDatabase(t *testing.T) {
 	}
 	navigate(t, ctx, con, "/brokers")
 	got := text(t, ctx, "doctor")
-	for _, want := range []string{"shard a: outbox schema at version", "shard b: outbox schema at version", "shard c: database", "RabbitMQ"} {
+	for _, want := range []string{doctorRanCheck} {
 		if !strings.Contains(got, want) {
 			t.Errorf("doctor's checks lack %q:\n%s", want, got)
 		}

@@ -1,4 +1,4 @@
-package main
+package console
 
 import (
 	"context"
@@ -55,13 +55,13 @@ func TestConsole_RescheduleConfirmWritesTheTimeItShowed(t *testing.T) {
 		{"+1m", time.Minute, 5 * time.Minute}, // past when confirmed
 	} {
 		shown := b.c.now().Add(tc.in)
-		code, page := b.post(t, path, url.Values{"when": {tc.when}, csrfField: {b.c.csrf.token("ops")}}, true)
+		code, page := b.Post(t, path, url.Values{"when": {tc.when}, csrfField: {b.c.csrf.token("ops")}}, true)
 		if code != http.StatusOK || !strings.Contains(page, "to "+fmtTime(shown)) {
 			t.Fatalf("%s: confirmation %d, want it to show %s:\n%s", tc.when, code, fmtTime(shown), page)
 		}
 		form := confirmForm(t, page)
 		later(tc.wait)
-		if code, body := b.post(t, path, form, true); code != http.StatusOK || !strings.Contains(body, "Rescheduled") {
+		if code, body := b.Post(t, path, form, true); code != http.StatusOK || !strings.Contains(body, "Rescheduled") {
 			t.Fatalf("%s: confirm (when=%q) %d:\n%s", tc.when, form.Get("when"), code, body)
 		}
 		st, due := b.state(t, "k-later")
@@ -88,7 +88,7 @@ func TestConsole_NextPageLinksHoldNoKey(t *testing.T) {
 			t.Fatalf("the next-page link %q holds the key %s", link, k)
 		}
 	}
-	code, second := b.get(t, link)
+	code, second := b.Get(t, link)
 	if code != http.StatusOK || !strings.Contains(second, fmt.Sprintf("/tasks/%d", b.taskID(t, keys[59]))) {
 		t.Fatalf("the next-page link gave %d without the last task:\n%s", code, second)
 	}
@@ -98,11 +98,11 @@ func TestConsole_NextPageLinksHoldNoKey(t *testing.T) {
 	}
 	q := u.Query()
 	q.Set("after", "k:"+hex.EncodeToString([]byte(keys[10])))
-	if code, body := b.get(t, "/tasks?"+q.Encode()); code != http.StatusBadRequest || !strings.Contains(body, "start the search again") {
+	if code, body := b.Get(t, "/tasks?"+q.Encode()); code != http.StatusBadRequest || !strings.Contains(body, "start the search again") {
 		t.Fatalf("a hand-made cursor: %d, want 400:\n%s", code, body)
 	}
 	// The dead page's redirect counts show as numbers only.
-	code, dead := b.get(t, "/dead?replayed=0.+Database+compromised&failed=call+us")
+	code, dead := b.Get(t, "/dead?replayed=0.+Database+compromised&failed=call+us")
 	if code != http.StatusOK || strings.Contains(dead, "compromised") || strings.Contains(dead, "call us") {
 		t.Fatalf("the dead page repeats the URL's words (%d):\n%s", code, dead)
 	}
@@ -120,7 +120,7 @@ func (b *consoleBundle) pagedSearch(t *testing.T, prefix string) (keys []string,
 			t.Fatal(err)
 		}
 	}
-	code, page := b.get(t, "/tasks?topic=paged")
+	code, page := b.Get(t, "/tasks?topic=paged")
 	m := nextLink.FindStringSubmatch(page)
 	if code != http.StatusOK || m == nil {
 		t.Fatalf("first page %d without a next link:\n%s", code, page)
@@ -156,7 +156,7 @@ func TestConsole_ACursorFromAnotherSearchShowsNoKey(t *testing.T) {
 		"/tasks?" + url.Values{"after": {after}}.Encode(),
 		"/dead?" + url.Values{"after": {after}}.Encode(),
 	} {
-		code, body := b.get(t, path)
+		code, body := b.Get(t, path)
 		if code != http.StatusBadRequest {
 			t.Errorf("%s: %d, want 400", path, code)
 		}
@@ -175,10 +175,10 @@ func TestConsole_ACursorFromAnotherSearchShowsNoKey(t *testing.T) {
 func TestConsole_ListsShowHandlerAndPublishAttempts(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	mustExec(t, b.db, "UPDATE delay_task SET attempts = 5, publish_attempts = 1 WHERE id = ?", b.ids["k-dead"])
+	testenv.MustExec(t, b.db, "UPDATE delay_task SET attempts = 5, publish_attempts = 1 WHERE id = ?", b.ids["k-dead"])
 	row := regexp.MustCompile(fmt.Sprintf(`(?s)data-id="%d".*?</tr>`, b.ids["k-dead"]))
 	for _, path := range []string{"/dead", "/tasks?" + url.Values{"topic": {consoleTopic}, "state": {"dead"}}.Encode()} {
-		code, page := b.get(t, path)
+		code, page := b.Get(t, path)
 		tr := row.FindString(page)
 		if code != http.StatusOK || !strings.Contains(tr, `<td class="n">5 / 1</td>`) {
 			t.Errorf("%s (%d): the dead task's row %q does not read 5 handler / 1 publish attempts", path, code, tr)
@@ -191,13 +191,13 @@ func TestConsole_ListsShowHandlerAndPublishAttempts(t *testing.T) {
 func TestConsole_DeadNotCountedYetIsNotZero(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, false)
-	mustExec(t, b.db, "DELETE FROM delay_task_stats")
-	mustExec(t, b.db, "DELETE FROM delay_task_stats_run")
-	code, page := b.get(t, "/")
+	testenv.MustExec(t, b.db, "DELETE FROM delay_task_stats")
+	testenv.MustExec(t, b.db, "DELETE FROM delay_task_stats_run")
+	code, page := b.Get(t, "/")
 	if code != http.StatusOK || !strings.Contains(page, `id="dead-count">?</span> dead (not counted yet`) {
 		t.Errorf("overview (%d) without a count:\n%s", code, page)
 	}
-	code, page = b.get(t, "/dead")
+	code, page = b.Get(t, "/dead")
 	if code != http.StatusOK || strings.Contains(page, `id="dead-total"`) || !strings.Contains(page, "not counted yet") ||
 		!strings.Contains(page, fmt.Sprintf(`data-id="%d"`, b.ids["k-dead"])) {
 		t.Errorf("dead list (%d) without a count:\n%s", code, page)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"strings"
@@ -9,15 +9,15 @@ import (
 // -duration is a time that long ago; a sign after the first is refused.
 func TestParseWhen_ReadsADurationAgo(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	if got, err := parseWhen(" -5m ", now); err != nil || !got.Equal(now.Add(-5*time.Minute)) {
-		t.Errorf("parseWhen(-5m) = %v, %v; want 5 minutes before now", got, err)
+	if got, err := ParseWhen(" -5m ", now); err != nil || !got.Equal(now.Add(-5*time.Minute)) {
+		t.Errorf("ParseWhen(-5m) = %v, %v; want 5 minutes before now", got, err)
 	}
-	if got, err := parseWhen("-0s", now); err != nil || !got.Equal(now) {
-		t.Errorf("parseWhen(-0s) = %v, %v; want now", got, err)
+	if got, err := ParseWhen("-0s", now); err != nil || !got.Equal(now) {
+		t.Errorf("ParseWhen(-0s) = %v, %v; want now", got, err)
 	}
 	for in, want := range map[string]string{"--5m": "negative", "-": "bad duration", "-x": "bad duration"} {
-		if _, err := parseWhen(in, now); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("parseWhen(%q): %v, want %q", in, err, want)
+		if _, err := ParseWhen(in, now); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseWhen(%q): %v, want %q", in, err, want)
 		}
 	}
 }
@@ -28,9 +28,9 @@ func FuzzParseWhenSigns(f *testing.F) {
 	}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := parseWhen(s, now)
+		got, err := ParseWhen(s, now)
 		if err == nil && strings.HasPrefix(strings.TrimSpace(s), "-") && got.After(now) {
-			t.Fatalf("parseWhen(%q) = %v, after now", s, got)
+			t.Fatalf("ParseWhen(%q) = %v, after now", s, got)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// whenForms is what parseWhen reads, for its errors.
+// whenForms is what ParseWhen reads, for its errors.
 const whenForms = "want RFC 3339 (2026-12-01T08:00:00Z), +duration from now (+30m) or -duration ago (-5m)"
 
-// parseWhen reads a due time: an RFC 3339 timestamp (2026-12-01T08:00:00Z),
+// ParseWhen reads a due time: an RFC 3339 timestamp (2026-12-01T08:00:00Z),
 // a duration from now with a leading plus (+30m, +72h), or a duration ago
 // with a leading minus (-5m: due at once). It rejects anything else, signs
 // after the first (+-5m, --5m), and durations that overflow.
-func parseWhen(s string, now time.Time) (time.Time, error) {
+func ParseWhen(s string, now time.Time) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return time.Time{}, errors.New("empty time: " + whenForms)

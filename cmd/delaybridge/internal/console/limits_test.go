@@ -1,13 +1,10 @@
-package main
+package console
 
 import (
 	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -26,14 +23,8 @@ func TestConsoleLimits_FollowTheRabbitLeadFlag(t *testing.T) {
 		// 0 means the default unit, as in the adapter.
 		{[]string{"--rabbit-unit", "0"}, 10100 * time.Millisecond, "10.1s (unit + 10s release lead"},
 	} {
-		var bf brokerFlags
-		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-		bf.register(fs)
-		if err := fs.Parse(append([]string{"--broker", "rabbit", "--amqp-url", "amqp://u:p@127.0.0.1:1/"}, c.args...)); err != nil {
-			t.Fatal(err)
-		}
-		a := &app{stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		lim, rows, err := consoleLimits(a, &bf)
+		env := testEnv(t, "", io.Discard, append([]string{"--broker", "rabbit", "--amqp-url", "amqp://u:p@127.0.0.1:1/"}, c.args...)...)
+		lim, rows, err := brokerLimits(env.Broker)
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
@@ -56,14 +47,9 @@ func TestConsoleLimits_FollowTheRabbitLeadFlag(t *testing.T) {
 // wheel the last hop is one precision short of the due time, and the
 // consumer holds the message for the rest.
 func TestPlannedHops_RocketTimerLastHopIsAPrecisionShort(t *testing.T) {
-	var bf brokerFlags
-	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	bf.register(fs)
-	if err := fs.Parse([]string{"--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s"}); err != nil {
-		t.Fatal(err)
-	}
+	env := testEnv(t, "", io.Discard, "--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s")
 	now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
-	c := &console{a: &app{stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(io.Discard, nil))}, bf: &bf, now: func() time.Time { return now }}
+	c := &console{env: env, now: func() time.Time { return now }}
 	d := &outbox.Detail{}
 	d.State = outbox.StatePending
 	d.Task.DueAt = now.Add(90 * time.Minute)

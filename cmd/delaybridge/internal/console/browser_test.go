@@ -1,12 +1,10 @@
-package main
+package console
 
 import (
 	"context"
 	"database/sql"
 	"encoding/base64"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,8 +17,8 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
-	"github.com/spf13/pflag"
 
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console/consoletest"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -29,67 +27,25 @@ import (
 // consoleBundle is a console over a migrated scratch database, served by
 // an httptest server, with its log captured.
 type consoleBundle struct {
+	consoletest.Client
 	db   *sql.DB
 	c    *console
 	srv  *httptest.Server
-	logs *syncBuffer
+	logs *testenv.SyncBuffer
 	ids  map[string]int64
 }
 
-const consoleTopic = "console-e2e"
+const consoleTopic = consoletest.Topic
 
 // setupConsole schedules a known set of tasks, counts them as the daemon's
 // background count would, and serves a console over them.
 func setupConsole(t *testing.T, readOnly bool) *consoleBundle {
 	t.Helper()
-	dsn := scratch(t)
-	db := openDSN(t, dsn)
-	ctx := context.Background()
-	now := time.Now()
-	b := &consoleBundle{db: db, logs: &syncBuffer{}, ids: map[string]int64{}}
-	for _, task := range []outbox.Task{
-		{Topic: consoleTopic, Key: "k-soon-1", DueAt: now.Add(10 * time.Minute), Payload: []byte(`{"order":"secret-1"}`)},
-		{Topic: consoleTopic, Key: "k-soon-2", DueAt: now.Add(25 * time.Minute)},
-		{Topic: consoleTopic, Key: "k-later", DueAt: now.Add(3 * time.Hour), Payload: []byte(`{"order":"secret-later"}`)},
-		{Topic: consoleTopic, Key: "k-dead", DueAt: now.Add(-5 * time.Minute)},
-		{Topic: consoleTopic, Key: "k-done", DueAt: now.Add(-10 * time.Minute)},
-		{Topic: "console-other", Key: "o-1", DueAt: now.Add(2 * time.Hour)},
-	} {
-		id, err := outbox.Schedule(ctx, db, task)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.ids[task.Key] = id
-	}
-	mustExec(t, db, "UPDATE delay_task SET state = 'dead', last_error = 'handler gave up after 5 attempts: boom' WHERE id = ?", b.ids["k-dead"])
-	mustExec(t, db, "UPDATE delay_task SET state = 'done', published_ms = due_ms - 60000, done_ms = due_ms + 1500 WHERE id = ?", b.ids["k-done"])
-	if err := outbox.RefreshStats(ctx, db, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-
-	a := &app{mysqlDSN: dsn, stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.NewTextHandler(b.logs, nil))}
-	var bf brokerFlags
-	fs := pflag.NewFlagSet("console", pflag.ContinueOnError)
-	bf.register(fs)
-	if err := fs.Parse(rabbitFlags(t)); err != nil {
-		t.Fatal(err)
-	}
-	c, err := newConsole(a, []*consoleShard{{dsn: dsn, db: db}}, &bf, &shardFlags{}, consoleCredential{user: "ops", password: testConsolePassword},
-		consoleOptions{readOnly: readOnly, grace: 30 * time.Second, probe: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.c = c
-	b.srv = httptest.NewServer(c.Handler())
-	t.Cleanup(func() { b.srv.Close(); c.Close() })
+	db, dsn := scratch(t)
+	ids := consoletest.Schedule(t, db)
+	b := serveConsole(t, dsn, []*Shard{{dsn: dsn, db: db}}, Options{readOnly: readOnly, grace: 30 * time.Second, probe: 2 * time.Second}, testenv.RabbitFlags(t)...)
+	b.db, b.ids = db, ids
 	return b
-}
-
-func mustExec(t *testing.T, db *sql.DB, query string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(query, args...); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
 }
 
 func (b *consoleBundle) state(t *testing.T, key string) (outbox.State, int64) {
@@ -100,39 +56,6 @@ func (b *consoleBundle) state(t *testing.T, key string) (outbox.State, int64) {
 		t.Fatal(err)
 	}
 	return outbox.State(strings.TrimSpace(st)), due
-}
-
-// post sends a form as the browser would, with or without the credential.
-func (b *consoleBundle) post(t *testing.T, path string, form url.Values, auth bool) (int, string) {
-	t.Helper()
-	return b.do(t, http.MethodPost, path, strings.NewReader(form.Encode()), auth)
-}
-
-// get reads path with the credential.
-func (b *consoleBundle) get(t *testing.T, path string) (int, string) {
-	t.Helper()
-	return b.do(t, http.MethodGet, path, nil, true)
-}
-
-func (b *consoleBundle) do(t *testing.T, method, path string, body io.Reader, auth bool) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, b.srv.URL+path, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	if auth {
-		req.SetBasicAuth("ops", testConsolePassword)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(out)
 }
 
 // browser starts headless Chromium (Debian's chromium package, installed by
@@ -335,7 +258,7 @@ func TestConsole_InABrowser_ShowsCountsFindsTasksAndActs(t *testing.T) {
 	// The check below says what is missing if doctor is still running.
 	testutil.Eventually(90*time.Second, 200*time.Millisecond, func() bool { return !b.c.lastDoctor().Running })
 	navigate(t, ctx, b, "/brokers")
-	if got := text(t, ctx, "doctor"); !strings.Contains(got, "outbox schema at version") || !strings.Contains(got, "RabbitMQ") {
+	if got := text(t, ctx, "doctor"); !strings.Contains(got, doctorRanCheck) {
 		t.Errorf("doctor's checks %q", got)
 	}
 }
@@ -345,40 +268,40 @@ func TestConsole_RefusesRequestsWithoutCredentialAndActionsWithoutToken(t *testi
 	b := setupConsole(t, false)
 	later := fmt.Sprintf("/tasks/%d", b.ids["k-later"])
 
-	if code, body := b.do(t, http.MethodGet, later+"?reveal=1", nil, false); code != http.StatusUnauthorized || strings.Contains(body, "k-later") {
+	if code, body := b.Do(t, http.MethodGet, later+"?reveal=1", nil, false); code != http.StatusUnauthorized || strings.Contains(body, "k-later") {
 		t.Fatalf("GET without the credential: %d %q", code, body)
 	}
-	if code, _ := b.post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, false); code != http.StatusUnauthorized {
+	if code, _ := b.Post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, false); code != http.StatusUnauthorized {
 		t.Errorf("POST without the credential: %d", code)
 	}
-	if code, _ := b.post(t, later+"/cancel", url.Values{"confirm": {"yes"}}, true); code != http.StatusForbidden {
+	if code, _ := b.Post(t, later+"/cancel", url.Values{"confirm": {"yes"}}, true); code != http.StatusForbidden {
 		t.Errorf("POST without the CSRF token: %d", code)
 	}
-	if code, _ := b.post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {"1700000000.forged"}}, true); code != http.StatusForbidden {
+	if code, _ := b.Post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {"1700000000.forged"}}, true); code != http.StatusForbidden {
 		t.Errorf("POST with a forged CSRF token: %d", code)
 	}
 	if st, _ := b.state(t, "k-later"); st != outbox.StatePending {
 		t.Fatalf("a refused action changed the task: %s", st)
 	}
 	// Bad input changes nothing either.
-	if code, _ := b.post(t, later+"/reschedule", url.Values{"confirm": {"yes"}, "when": {"tomorrow"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusBadRequest {
+	if code, _ := b.Post(t, later+"/reschedule", url.Values{"confirm": {"yes"}, "when": {"tomorrow"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusBadRequest {
 		t.Errorf("reschedule to a malformed time: %d", code)
 	}
-	if code, body := b.post(t, fmt.Sprintf("/tasks/%d/replay", b.ids["k-later"]), url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusConflict || strings.Contains(body, "k-later") {
+	if code, body := b.Post(t, fmt.Sprintf("/tasks/%d/replay", b.ids["k-later"]), url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusConflict || strings.Contains(body, "k-later") {
 		t.Errorf("replay of a pending task: %d %q", code, body)
 	}
 	// The outbox's error names the task by topic/key; the log must not.
 	if logs := b.logs.String(); !strings.Contains(logs, "console: action failed") || !strings.Contains(logs, "not dead") || strings.Contains(logs, "k-later") {
 		t.Errorf("the failed replay's log line is missing or names the key:\n%s", logs)
 	}
-	if code, _ := b.get(t, "/tasks?key=k-later"); code != http.StatusBadRequest {
+	if code, _ := b.Get(t, "/tasks?key=k-later"); code != http.StatusBadRequest {
 		t.Errorf("key search without a topic: %d", code)
 	}
 	if st, _ := b.state(t, "k-later"); st != outbox.StatePending {
 		t.Fatalf("bad input changed the task: %s", st)
 	}
 	// With the token, the same action works.
-	if code, _ := b.post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusOK {
+	if code, _ := b.Post(t, later+"/cancel", url.Values{"confirm": {"yes"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusOK {
 		t.Errorf("POST with credential and token: %d", code)
 	}
 	if st, _ := b.state(t, "k-later"); st != outbox.StateCancelled {
@@ -390,16 +313,16 @@ func TestConsole_ReadOnlyShowsNoActionsAndRefusesThem(t *testing.T) {
 	testenv.SkipIfShort(t, "needs MariaDB")
 	b := setupConsole(t, true)
 	later := fmt.Sprintf("/tasks/%d", b.ids["k-later"])
-	code, body := b.get(t, later)
+	code, body := b.Get(t, later)
 	if code != http.StatusOK || strings.Contains(body, "cancel-form") || !strings.Contains(body, "read-only") {
 		t.Fatalf("read-only task page: %d, actions shown or no read-only mark", code)
 	}
 	for _, action := range []string{"cancel", "reschedule", "replay"} {
-		if code, _ := b.post(t, later+"/"+action, url.Values{"confirm": {"yes"}, "when": {"+1h"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusForbidden {
+		if code, _ := b.Post(t, later+"/"+action, url.Values{"confirm": {"yes"}, "when": {"+1h"}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusForbidden {
 			t.Errorf("read-only %s: %d", action, code)
 		}
 	}
-	if code, _ := b.post(t, "/dead/replay", url.Values{"confirm": {"yes"}, "id": {strconv.FormatInt(b.ids["k-dead"], 10)}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusForbidden {
+	if code, _ := b.Post(t, "/dead/replay", url.Values{"confirm": {"yes"}, "id": {strconv.FormatInt(b.ids["k-dead"], 10)}, csrfField: {b.c.csrf.token("ops")}}, true); code != http.StatusForbidden {
 		t.Errorf("read-only dead replay: %d", code)
 	}
 	if st, _ := b.state(t, "k-later"); st != outbox.StatePending {

@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// defaultBenchTopic is the topic a bench run uses unless --topic names
+// another; keys carry the run id, so a run ignores leftovers of earlier ones.
+const defaultBenchTopic = "delaybridge-bench"
+
+// Options are bench's workload and tuning flags.
+type Options struct {
+	tasks      int
+	rate       float64
+	delay      time.Duration
+	spread     time.Duration
+	handler    string
+	baseline   bool
+	asJSON     bool
+	preload    bool
+	producers  int
+	perTx      int
+	relayWkrs  int
+	relayBatch int
+	lookahead  time.Duration
+	anchored   bool
+	cpuProfile string
+	concurrent int
+	group      int
+	wait       time.Duration
+	httpAddr   string
+	relayOnly  bool
+	dbOnly     bool
+	floor      bool
+	pace       time.Duration
+	topic      string
+	noNudge    bool
+}
+
+// Register adds bench's flags to f. The help of the flags bench shares
+// with run is run's: relayWorkersHelp, relayPaceHelp and lookaheadHelp.
+func (o *Options) Register(f *pflag.FlagSet, relayWorkersHelp, relayPaceHelp, lookaheadHelp string) {
+	f.IntVar(&o.tasks, "tasks", 10000, "tasks to schedule")
+	f.Float64Var(&o.rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
+	f.DurationVar(&o.delay, "delay", 2*time.Second, "delay of each task after its scheduling")
+	f.DurationVar(&o.spread, "spread", 0, "spread the due times over this window after --delay (0 = one burst)")
+	f.StringVar(&o.handler, "handler", "noop", "handler: noop or db (outbox.Handle + conditional UPDATE)")
+	f.BoolVar(&o.baseline, "baseline", false, "also measure a raw confirmed publish of the same number of messages")
+	f.BoolVar(&o.asJSON, "json", false, "end with one JSON object on the last line of stdout")
+	f.BoolVar(&o.preload, "preload", false, "schedule everything before starting the relay")
+	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
+	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
+	f.IntVar(&o.relayWkrs, "relay-workers", 0, relayWorkersHelp)
+	f.IntVar(&o.relayBatch, "relay-batch", outbox.DefaultBatchSize, "rows one relay claim takes")
+	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
+	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
+	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
+	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default: two workers a core (GOMAXPROCS), from 4 to 8; groups grow with what waits, so a few workers suffice)")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it; the baseline and the relay carry the label phase=baseline or phase=relay, for -tagfocus)")
+	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to: a topic of its own keeps a run clear of what earlier runs left in the broker (a RocketMQ consumer group new to a topic starts from the first message the broker still holds in memory)")
+	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
+	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
+	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
+	f.BoolVar(&o.noNudge, "no-nudge", false, "the producers do not wake the relay after each commit, as when the relay runs in another process (delaybridge run): it finds each task through its probe, so with --delay 0s the lateness measures how fast an out-of-process relay reacts")
+	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker (delivering each message at its due time, 30,000 in flight) instead of --broker, to measure in the same session what the database and this process allow on the workload, with no broker's cost")
+	f.BoolVar(&o.floor, "floor", false, "first run the same workload through --database-only's in-process broker, then through --broker, in this one process, and report both: the floor is what the database and this process alone allow on this box at that moment, so the broker run's lateness above it is the broker's share (the summary's floor lines and the JSON key floor; scripts/bench-cpu.sh prints both runs' due windows)")
+}
+
+// maxBenchTasks bounds --tasks: the bench tracks each task (its due time,
+// handled time and runs) in memory.
+const maxBenchTasks = 10_000_000
+
+// check checks the workload flags and returns the relay's lookahead,
+// which lookaheadSetting reads from --lookahead.
+func (o *Options) check(fs *pflag.FlagSet, lookaheadSetting func(fs *pflag.FlagSet, v time.Duration) (time.Duration, error)) (time.Duration, error) {
+	if o.tasks <= 0 || o.producers <= 0 || o.perTx <= 0 || (o.handler != "noop" && o.handler != "db") {
+		return 0, fmt.Errorf("need --tasks > 0, --producers > 0, --per-tx > 0 and --handler noop or db")
+	}
+	if o.tasks > maxBenchTasks {
+		return 0, fmt.Errorf("--tasks %d: at most %d (the bench keeps a few bytes a task in memory)", o.tasks, maxBenchTasks)
+	}
+	if err := broker.ValidateTopic(o.topic); err != nil {
+		return 0, fmt.Errorf("--topic: %w", err)
+	}
+	if o.concurrent < 0 {
+		return 0, fmt.Errorf("--concurrency %d: need 0 (the library's default) or more", o.concurrent)
+	}
+	if o.relayWkrs < 0 {
+		return 0, fmt.Errorf("--relay-workers %d: need 0 (the broker's advice) or more", o.relayWkrs)
+	}
+	switch {
+	case !(o.rate >= 0) || math.IsInf(o.rate, 1): // NaN fails the first
+		return 0, fmt.Errorf("--rate %v: need 0 (as fast as possible) or a finite rate", o.rate)
+	case o.delay < 0 || o.spread < 0 || o.wait < 0:
+		return 0, fmt.Errorf("--delay %v, --spread %v, --wait %v: none may be negative", o.delay, o.spread, o.wait)
+	case o.relayBatch < 1:
+		return 0, fmt.Errorf("--relay-batch %d: need 1 or more", o.relayBatch)
+	case o.group < 1:
+		return 0, fmt.Errorf("--group %d: need 1 (one task a transaction) or more", o.group)
+	}
+	if o.floor && (o.dbOnly || o.relayOnly) {
+		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")
+	}
+	ahead, err := lookaheadSetting(fs, o.lookahead)
+	if err != nil {
+		return 0, err
+	}
+	if o.relayOnly {
+		// The relay's throughput, not its timing: everything at once.
+		if ahead > 0 {
+			return 0, fmt.Errorf("--relay-only cannot wait for a lookahead: leave --lookahead unset")
+		}
+		ahead = -1
+	}
+	return ahead, nil
+}

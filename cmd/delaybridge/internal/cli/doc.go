@@ -1,0 +1,5 @@
+// Package cli holds the helpers the delaybridge binary's commands share
+// with its console and its benchmark: text made safe to print, durations
+// in words, due times as operators type them, the bounded HTTP server,
+// the session of an opened database and broker, and status's signals.
+package cli

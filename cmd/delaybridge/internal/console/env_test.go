@@ -1,0 +1,58 @@
+package console
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"database/sql"
+	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/outbox"
+)
+
+// doctorRanCheck is what the doctor of testEnv reports: the console's
+// tests check the brokers page runs doctor and shows its checks; the
+// binary's tests check the checks themselves.
+const doctorRanCheck = "doctor's checks ran (test double)"
+
+// testEnv is the Env of a console test: the broker settings of brokerArgs,
+// parsed as the binary's broker flags, logging into logs. Its doctor
+// reports doctorRanCheck.
+func testEnv(t testing.TB, dsn string, logs io.Writer, brokerArgs ...string) Env {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	cfg := delaybridge.DefaultConfig()
+	fs := pflag.NewFlagSet("console", pflag.ContinueOnError)
+	cfg.RegisterBrokerFlags(fs)
+	cfg.RegisterConsumerFlags(fs)
+	if err := fs.Parse(brokerArgs); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = log
+	return Env{
+		Log:         log,
+		Stdout:      io.Discard,
+		Broker:      cfg,
+		DSN:         dsn,
+		CheckBroker: cfg.Check,
+		OpenShards:  func(context.Context) ([]*Shard, error) { return nil, nil },
+		Doctor: func(context.Context, time.Duration) DoctorReport {
+			return DoctorReport{Checks: []Check{{Level: "OK", Text: doctorRanCheck}}}
+		},
+	}
+}
+
+// scratch returns a pool on a fresh migrated database and its DSN.
+func scratch(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	db, dsn := testenv.ScratchDB(t)
+	if _, err := outbox.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db, dsn
+}
