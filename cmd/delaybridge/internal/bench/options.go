@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -44,9 +45,9 @@ type Options struct {
 	noNudge    bool
 }
 
-// Register adds bench's flags to f. The help of the flags bench shares
-// with run is run's: relayWorkersHelp, relayPaceHelp and lookaheadHelp.
-func (o *Options) Register(f *pflag.FlagSet, relayWorkersHelp, relayPaceHelp, lookaheadHelp string) {
+// Register adds bench's flags to f. The flags it shares with run take
+// their help from cli, so both commands describe them alike.
+func (o *Options) Register(f *pflag.FlagSet) {
 	f.IntVar(&o.tasks, "tasks", 10000, "tasks to schedule")
 	f.Float64Var(&o.rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
 	f.DurationVar(&o.delay, "delay", 2*time.Second, "delay of each task after its scheduling")
@@ -57,10 +58,10 @@ func (o *Options) Register(f *pflag.FlagSet, relayWorkersHelp, relayPaceHelp, lo
 	f.BoolVar(&o.preload, "preload", false, "schedule everything before starting the relay")
 	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
 	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
-	f.IntVar(&o.relayWkrs, "relay-workers", 0, relayWorkersHelp)
+	f.IntVar(&o.relayWkrs, "relay-workers", 0, cli.RelayWorkersHelp)
 	f.IntVar(&o.relayBatch, "relay-batch", outbox.DefaultBatchSize, "rows one relay claim takes")
-	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
-	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
+	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, cli.RelayPaceHelp)
+	f.DurationVar(&o.lookahead, "lookahead", 0, cli.LookaheadHelp)
 	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
 	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default: two workers a core (GOMAXPROCS), from 4 to 8; groups grow with what waits, so a few workers suffice)")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
