@@ -61,7 +61,7 @@ applied twice.`,
 		},
 	}
 	bf.register(cmd.Flags())
-	o.Register(cmd.Flags(), relayWorkersHelp, relayPaceHelp, lookaheadHelp)
+	o.Register(cmd.Flags())
 	return cmd
 }
 

@@ -17,30 +17,10 @@ import (
 // what the flag is; the explanation lives in docs/.
 const maxFlagHelp = 100
 
-// longHelpAllowed lists, as "command path --flag", the flags whose help is
-// still too long because they are being moved with their files (bench.go,
-// console*.go). It is temporary: the merge of that move empties it, and an
-// entry whose help fits fails the test, so the list cannot go stale.
-var longHelpAllowed = []string{
-	// bench.go, moving to its own package.
-	"delaybridge bench --anchored",
-	"delaybridge bench --concurrency",
-	"delaybridge bench --cpuprofile",
-	"delaybridge bench --database-only",
-	"delaybridge bench --floor",
-	"delaybridge bench --group",
-	"delaybridge bench --no-nudge",
-	"delaybridge bench --topic",
-	// console.go, moving to its own package.
-	"delaybridge console --allow-plain-http",
-	"delaybridge console --auth-file",
-}
-
 // Every flag of every command, local, persistent and hidden ones
 // included, has a help of one line of at most maxFlagHelp characters.
 func TestFlagHelp_EveryFlagHasOneShortLine(t *testing.T) {
 	t.Parallel()
-	tooLong := map[string]bool{}
 	seen := 0
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
@@ -52,11 +32,8 @@ func TestFlagHelp_EveryFlagHasOneShortLine(t *testing.T) {
 				t.Errorf("%s: help holds a line break: %q", key, f.Usage)
 			}
 			if n := utf8.RuneCountInString(f.Usage); n > maxFlagHelp {
-				tooLong[key] = true
-				if !slices.Contains(longHelpAllowed, key) {
-					t.Errorf("%s: help is %d characters, more than %d; say what it is in one line and explain in docs/:\n%s",
-						key, n, maxFlagHelp, f.Usage)
-				}
+				t.Errorf("%s: help is %d characters, more than %d; say what it is in one line and explain in docs/:\n%s",
+					key, n, maxFlagHelp, f.Usage)
 			}
 		}
 		// LocalFlags holds the command's own flags, persistent and hidden
@@ -69,11 +46,6 @@ func TestFlagHelp_EveryFlagHasOneShortLine(t *testing.T) {
 	walk(newRootCmd())
 	if seen < 100 {
 		t.Fatalf("checked only %d flags; the walk misses commands", seen)
-	}
-	for _, key := range longHelpAllowed {
-		if !tooLong[key] {
-			t.Errorf("%s is allowed a long help but has none (or no longer exists); remove it from longHelpAllowed", key)
-		}
 	}
 }
 

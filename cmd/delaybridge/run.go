@@ -195,10 +195,10 @@ back (up to --drain) and exits 0.`,
 	f := cmd.Flags()
 	bf.registerRelay(f)
 	f.StringVar(&httpAddr, "http", defaultRunHTTP, "metrics and health address")
-	f.DurationVar(&lookahead, "lookahead", 0, lookaheadHelp)
+	f.DurationVar(&lookahead, "lookahead", 0, cli.LookaheadHelp)
 	f.IntVar(&batch, "batch", outbox.DefaultBatchSize, "rows one relay claim takes")
-	f.IntVar(&workers, "relay-workers", 0, relayWorkersHelp)
-	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
+	f.IntVar(&workers, "relay-workers", 0, cli.RelayWorkersHelp)
+	f.DurationVar(&pace, "relay-pace", outbox.DefaultPace, cli.RelayPaceHelp)
 	f.DurationVar(&grace, "grace", 0, "how far past due the scanner rescues a task (0 = default)")
 	f.DurationVar(&retention, "retention", outbox.DefaultRetention, "keep done and cancelled tasks this long")
 	f.Float64Var(&cleanDuty, "cleaner-duty", outbox.DefaultCleanerDuty, "share of time spent deleting (1 = nonstop)")
@@ -311,15 +311,6 @@ func (a *app) httpHandler(m *metrics, db *sql.DB, brokerAddr string) http.Handle
 	})
 	return mux
 }
-
-// lookaheadHelp documents --lookahead for run and bench.
-const lookaheadHelp = "publish this far ahead of due (default: broker's; 0 = all)"
-
-// relayWorkersHelp documents --relay-workers for run and bench.
-const relayWorkersHelp = "relay claim loops (0 = broker's: 8 RocketMQ, 4 RabbitMQ)"
-
-// relayPaceHelp documents --relay-pace for run and bench.
-const relayPaceHelp = "wait after a short relay claim (<0 = none)"
 
 // lookaheadSetting turns --lookahead into RelayConfig.Lookahead: unset is
 // the broker's advice (0), an explicit 0 every pending task at once (-1).

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -44,9 +45,9 @@ type Options struct {
 	noNudge    bool
 }
 
-// Register adds bench's flags to f. The help of the flags bench shares
-// with run is run's: relayWorkersHelp, relayPaceHelp and lookaheadHelp.
-func (o *Options) Register(f *pflag.FlagSet, relayWorkersHelp, relayPaceHelp, lookaheadHelp string) {
+// Register adds bench's flags to f. The flags it shares with run take
+// their help from cli, so both commands describe them alike.
+func (o *Options) Register(f *pflag.FlagSet) {
 	f.IntVar(&o.tasks, "tasks", 10000, "tasks to schedule")
 	f.Float64Var(&o.rate, "rate", 0, "tasks scheduled per second (0 = as fast as possible)")
 	f.DurationVar(&o.delay, "delay", 2*time.Second, "delay of each task after its scheduling")
@@ -57,21 +58,21 @@ func (o *Options) Register(f *pflag.FlagSet, relayWorkersHelp, relayPaceHelp, lo
 	f.BoolVar(&o.preload, "preload", false, "schedule everything before starting the relay")
 	f.IntVar(&o.producers, "producers", 8, "concurrent scheduling goroutines")
 	f.IntVar(&o.perTx, "per-tx", 1, "tasks scheduled per transaction")
-	f.IntVar(&o.relayWkrs, "relay-workers", 0, relayWorkersHelp)
+	f.IntVar(&o.relayWkrs, "relay-workers", 0, cli.RelayWorkersHelp)
 	f.IntVar(&o.relayBatch, "relay-batch", outbox.DefaultBatchSize, "rows one relay claim takes")
-	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, relayPaceHelp)
-	f.DurationVar(&o.lookahead, "lookahead", 0, lookaheadHelp)
-	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling: with --preload and a --delay longer than scheduling and relaying take, every task is in the broker before the first comes due, and the run measures --tasks/--spread due per second")
-	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default: two workers a core (GOMAXPROCS), from 4 to 8; groups grow with what waits, so a few workers suffice)")
+	f.DurationVar(&o.pace, "relay-pace", outbox.DefaultPace, cli.RelayPaceHelp)
+	f.DurationVar(&o.lookahead, "lookahead", 0, cli.LookaheadHelp)
+	f.BoolVar(&o.anchored, "anchored", false, "count --delay from the start of the bench, not from each task's scheduling")
+	f.IntVar(&o.concurrent, "concurrency", 0, "consumer handler concurrency (0 = the library's default)")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics here while the bench runs (empty = off)")
-	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (go tool pprof reads it; the baseline and the relay carry the label phase=baseline or phase=relay, for -tagfocus)")
-	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to: a topic of its own keeps a run clear of what earlier runs left in the broker (a RocketMQ consumer group new to a topic starts from the first message the broker still holds in memory)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file, labelled by phase")
+	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to")
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
-	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles together (outbox.NewConsumer groups what is waiting; 1 handles one at a time)")
+	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles (1 = one at a time)")
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
-	f.BoolVar(&o.noNudge, "no-nudge", false, "the producers do not wake the relay after each commit, as when the relay runs in another process (delaybridge run): it finds each task through its probe, so with --delay 0s the lateness measures how fast an out-of-process relay reacts")
-	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker (delivering each message at its due time, 30,000 in flight) instead of --broker, to measure in the same session what the database and this process allow on the workload, with no broker's cost")
-	f.BoolVar(&o.floor, "floor", false, "first run the same workload through --database-only's in-process broker, then through --broker, in this one process, and report both: the floor is what the database and this process alone allow on this box at that moment, so the broker run's lateness above it is the broker's share (the summary's floor lines and the JSON key floor; scripts/bench-cpu.sh prints both runs' due windows)")
+	f.BoolVar(&o.noNudge, "no-nudge", false, "producers do not wake the relay after each commit, as when it runs in another process")
+	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker instead of --broker, to measure the database and this process alone")
+	f.BoolVar(&o.floor, "floor", false, "run the workload with --database-only's broker, then with --broker, and report both")
 }
 
 // maxBenchTasks bounds --tasks: the bench tracks each task (its due time,
