@@ -149,8 +149,8 @@ type Config struct {
 	Stats outbox.StatsRefresherConfig
 	// NoStats keeps a Client with a Relay from recounting.
 	NoStats bool
-	// Presence tunes the record a Client's consumer keeps in the outbox
-	// (outbox.Announce): set WarnOnly while rolling a topology change out
+	// Presence tunes the records a Client's consumer and relay keep in
+	// the outbox (outbox.Announce): set WarnOnly while rolling a topology change out
 	// process by process (docs/topology.md), so a consumer whose prefix,
 	// mode or ladder differs from the still-running old ones starts and
 	// logs the difference instead of refusing. Logger fills its Logger.
