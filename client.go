@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/services"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -42,8 +43,7 @@ type Client struct {
 	conn     *Connection
 	consumer *broker.Consumer
 	presence *outbox.Announcement
-	stopBg   context.CancelFunc
-	bg       sync.WaitGroup
+	bg       *services.Group
 }
 
 // NewClient returns a client on the outbox database db (migrated with
@@ -203,7 +203,10 @@ func HandlerTimeout(d time.Duration) HandleOption {
 }
 
 // Start connects to the broker and starts consuming the registered
-// topics, and the relay and scanner when the Config asks for them. On
+// topics, and the relay and scanner when the Config asks for them. Beside
+// a relay it runs what delaybridge run runs beside one: the cleaner
+// (unless NoCleaner), the counts refresher (unless NoStats) and a relay
+// presence record, so status sees a live relay. On
 // RocketMQ with RocketCreateTopics it first creates the topics, their
 // retry topics and the dead-letter topic. A Client without handlers,
 // relay or scanner has nothing to start and returns nil. When Start fails
@@ -306,7 +309,7 @@ func (c *Client) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	if err = c.startBackground(conn); err != nil {
+	if err = c.startBackground(ctx, conn, topo); err != nil {
 		return err
 	}
 	c.conn, c.started = conn, true
@@ -315,7 +318,8 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		prefix = c.cfg.RocketGroupPrefix
 	}
 	c.cfg.Logger.Info("delaybridge: client started", "broker", c.cfg.Broker, "mode", c.cfg.Mode(), "prefix", prefix,
-		"topics", topics, "relay", c.cfg.Relay != nil, "scanner", c.cfg.Scanner != nil)
+		"topics", topics, "relay", c.cfg.Relay != nil, "scanner", c.cfg.Scanner != nil,
+		"cleaner", c.cfg.Relay != nil && !c.cfg.NoCleaner, "stats", c.cfg.Relay != nil && !c.cfg.NoStats)
 	return nil
 }
 
@@ -350,9 +354,21 @@ func (c *Client) openBroker(ctx context.Context, withSub bool) (*Connection, err
 	}
 }
 
-// startBackground starts the relay and the scanner the Config asks for.
-func (c *Client) startBackground(conn *Connection) error {
-	var runs []func(context.Context) error
+// startBackground starts the relay and the scanner the Config asks for,
+// and beside the relay the cleaner, the counts refresher and the relay's
+// presence record, as delaybridge run does (internal/services).
+func (c *Client) startBackground(ctx context.Context, conn *Connection, topo broker.Topology) error {
+	parts := services.Config{Logger: c.cfg.Logger}
+	var grace time.Duration
+	if c.cfg.Scanner != nil {
+		sc := *c.cfg.Scanner
+		sc.Logger = cmp.Or(sc.Logger, c.cfg.Logger)
+		if m := c.cfg.Metrics; m != nil {
+			sc.Hooks = joinScannerHooks(sc.Hooks, m.ScannerHooks())
+		}
+		parts.Scanner = &sc
+		grace = sc.Grace
+	}
 	if c.cfg.Relay != nil {
 		rc := *c.cfg.Relay
 		rc.Logger = cmp.Or(rc.Logger, c.cfg.Logger)
@@ -360,64 +376,67 @@ func (c *Client) startBackground(conn *Connection) error {
 			rc.Hooks = joinRelayHooks(rc.Hooks, m.RelayHooks())
 		}
 		rc.Hooks = outbox.LogProgress(rc.Hooks, rc.Logger, 0)
-		relay, err := outbox.NewRelay(c.db, conn.Publisher, rc)
-		if err != nil {
-			return err
+		parts.Relay = &rc
+		// A process that relays cleans and counts, unless told not to:
+		// finished tasks would otherwise pile up with nothing said.
+		if !c.cfg.NoCleaner {
+			cc := c.cfg.Cleaner
+			cc.Logger = cmp.Or(cc.Logger, c.cfg.Logger)
+			parts.Cleaner = &cc
 		}
-		runs = append(runs, relay.Run)
-	}
-	if c.cfg.Scanner != nil {
-		sc := *c.cfg.Scanner
-		sc.Logger = cmp.Or(sc.Logger, c.cfg.Logger)
-		if m := c.cfg.Metrics; m != nil {
-			sc.Hooks = joinScannerHooks(sc.Hooks, m.ScannerHooks())
-		}
-		s, err := scanner.New(c.db, conn.Publisher, sc)
-		if err != nil {
-			return err
-		}
-		runs = append(runs, s.Run)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.stopBg = cancel
-	for _, run := range runs {
-		c.bg.Add(1)
-		go func() {
-			defer c.bg.Done()
-			if err := run(ctx); err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Error("delaybridge: background component stopped", "err", err)
+		if !c.cfg.NoStats {
+			st := c.cfg.Stats
+			st.Logger = cmp.Or(st.Logger, c.cfg.Logger)
+			if st.Grace <= 0 {
+				st.Grace = scanner.Grace(grace, conn.Publisher.Limits())
 			}
-		}()
+			parts.Stats = &st
+		}
+		// Recorded as delaybridge run records itself, so status sees a
+		// live relay; the consumer's record is its own.
+		pc := c.cfg.Presence
+		pc.Logger = cmp.Or(pc.Logger, c.cfg.Logger)
+		parts.Presence, parts.PresenceConfig = &topo, pc
 	}
+	bg, err := services.New(ctx, c.db, conn.Publisher, parts)
+	if err != nil {
+		return err
+	}
+	bg.Start()
+	c.bg = bg
 	return nil
 }
 
-// stopBackground stops the relay and the scanner and waits for them until
-// ctx is done: the relay ends after its batch in flight, the scanner after
-// its pass, but a business source's Query or Handle is the caller's code.
+// stopBackground stops what startBackground started and waits for it
+// until ctx is done: the relay ends after its batch in flight, the
+// scanner after its pass, but a business source's Query or Handle is the
+// caller's code. Then it withdraws the relay's presence record.
 func (c *Client) stopBackground(ctx context.Context) error {
-	if c.stopBg == nil {
+	if c.bg == nil {
 		return nil
 	}
-	c.stopBg()
-	c.stopBg = nil
-	done := make(chan struct{})
-	go func() { c.bg.Wait(); close(done) }()
-	select {
-	case <-done:
+	bg := c.bg
+	c.bg = nil
+	bg.Stop()
+	err := c.waitBackground(ctx, bg)
+	if werr := bg.Withdraw(ctx); werr != nil {
+		c.cfg.Logger.Warn("delaybridge: withdrawing the relay's presence failed; it expires on its own", "err", werr)
+	}
+	return err
+}
+
+func (c *Client) waitBackground(ctx context.Context, bg *services.Group) error {
+	if bg.Wait(ctx) == nil {
 		return nil
-	case <-ctx.Done():
 	}
 	// An idle relay or scanner ends within moments of its cancel, which a
 	// ctx done before Stop began gave it no time for.
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case <-done:
+	wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if bg.Wait(wctx) == nil {
 		return nil
-	case <-t.C:
-		return fmt.Errorf("delaybridge: stop: the relay or the scanner is still running: %w", ctx.Err())
 	}
+	return fmt.Errorf("delaybridge: stop: a background service (relay, scanner, cleaner or counts) is still running: %w", ctx.Err())
 }
 
 // cleanupTimeout bounds each step of undoing a failed Start, which runs
@@ -444,10 +463,11 @@ func (c *Client) undoStart() {
 	bounded(func(ctx context.Context) { _ = c.stopBackground(ctx) })
 }
 
-// Stop drains: the relay and scanner finish their batch, the consumer
-// stops taking messages and waits for running handlers until ctx is done
-// (deliveries not acked are redelivered later), the consumer's presence
-// record is withdrawn, then the broker connection closes. ctx bounds the
+// Stop drains: the relay, scanner and cleaner finish their batch and the
+// relay's presence record is withdrawn; the consumer stops taking
+// messages and waits for running handlers until ctx is done (deliveries
+// not acked are redelivered later), and its presence record is
+// withdrawn; then the broker connection closes. ctx bounds the
 // waiting: pass one with a timeout (a context already cancelled, such as
 // the signal context that ended the service, stops at once: running
 // handlers are cancelled, and an idle Client stops cleanly). A stopped

@@ -313,3 +313,119 @@ func TestClient_StopIsBoundedByItsContext(t *testing.T) {
 		t.Fatal("Stop waited on a business source past its context")
 	}
 }
+
+// finishedLongAgo schedules a task and marks it done eight days ago, past
+// the cleaner's default retention of a week.
+func (b *clientBundle) finishedLongAgo(t *testing.T, c *delaybridge.Client, key string) {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	id, err := c.Schedule(b.ctx, tx, outbox.Task{Topic: "retained", Key: key, DueAt: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ago := (8 * 24 * time.Hour).Milliseconds()
+	if _, err := tx.ExecContext(b.ctx, "UPDATE delay_task SET state = 'done', due_ms = due_ms - ?, updated_ms = updated_ms - ? WHERE id = ?", ago, ago, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// relays counts the live relay presence records.
+func (b *clientBundle) relays(t *testing.T) int {
+	t.Helper()
+	live, err := outbox.LivePresences(b.ctx, b.db, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range live {
+		if p.Role == outbox.RoleRelay {
+			n++
+		}
+	}
+	return n
+}
+
+// A Client that relays runs what delaybridge run runs beside its relay:
+// the cleaner, the counts refresher and a relay presence record, so a
+// service that is its own daemon neither piles up finished tasks nor
+// shows as NO RELAY in status. NoCleaner and NoStats turn the first two
+// off.
+func TestClient_ThatRelaysRunsWhatRunRunsBesideIt(t *testing.T) {
+	t.Run("CleansCountsAndAnnouncesARelay", func(t *testing.T) {
+		b := setup(t)
+		c, err := delaybridge.NewClient(b.db, b.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.finishedLongAgo(t, c, "old")
+		if err := c.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.relays(t); n != 1 {
+			_ = c.Stop(b.ctx)
+			t.Fatalf("a started Client with a Relay: %d live relay records, want 1", n)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, gerr := c.Get(b.ctx, b.db, "retained", "old")
+			st, serr := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
+			if serr != nil {
+				t.Fatal(serr)
+			}
+			if errors.Is(gerr, outbox.ErrNotFound) && !st.CountsAt.IsZero() {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = c.Stop(b.ctx)
+				t.Fatalf("after 30 s: Get of a task done 8 days ago = %v (want ErrNotFound: the cleaner deleted it), counts at %v (want a refresh)", gerr, st.CountsAt)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		sctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer cancel()
+		if err := c.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.relays(t); n != 0 {
+			t.Fatalf("after Stop: %d live relay records, want 0", n)
+		}
+	})
+	t.Run("NoCleanerAndNoStatsTurnThemOff", func(t *testing.T) {
+		b := setup(t)
+		cfg := b.cfg
+		cfg.NoCleaner, cfg.NoStats = true, true
+		c, err := delaybridge.NewClient(b.db, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.finishedLongAgo(t, c, "kept")
+		if err := c.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The cleaner and the refresher start with a pass; a second is
+		// ample for one that runs.
+		time.Sleep(time.Second)
+		_, gerr := c.Get(b.ctx, b.db, "retained", "kept")
+		st, serr := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
+		relays := b.relays(t)
+		if err := c.Stop(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if gerr != nil || serr != nil {
+			t.Fatalf("with NoCleaner: Get = %v, ReadStats = %v; want the task kept", gerr, serr)
+		}
+		if !st.CountsAt.IsZero() {
+			t.Fatalf("with NoStats: counts refreshed at %v; want no refresh", st.CountsAt)
+		}
+		if relays != 1 {
+			t.Fatalf("with NoCleaner and NoStats: %d live relay records, want 1", relays)
+		}
+	})
+}

@@ -134,8 +134,23 @@ type Config struct {
 	// Scanner, when not nil, makes a Client also run the scanner in its
 	// process with this configuration (see Relay).
 	Scanner *scanner.Config
-	// Presence tunes the record a Client's consumer keeps in the outbox
-	// (outbox.Announce): set WarnOnly while rolling a topology change out
+	// Cleaner tunes the cleaner a Client with a Relay runs beside it, as
+	// delaybridge run does: it deletes done and cancelled tasks past their
+	// retention. The zero value is the cleaner's defaults (a week's
+	// retention); Logger fills its Logger.
+	Cleaner outbox.CleanerConfig
+	// NoCleaner keeps a Client with a Relay from cleaning: set it where
+	// another process cleans (delaybridge run) or finished tasks must stay.
+	NoCleaner bool
+	// Stats tunes the counts refresher a Client with a Relay runs beside
+	// it, as delaybridge run does: it recounts tasks by state and topic
+	// for status and /metrics. The zero value is the refresher's defaults,
+	// with the scanner's grace; Logger fills its Logger.
+	Stats outbox.StatsRefresherConfig
+	// NoStats keeps a Client with a Relay from recounting.
+	NoStats bool
+	// Presence tunes the records a Client's consumer and relay keep in
+	// the outbox (outbox.Announce): set WarnOnly while rolling a topology change out
 	// process by process (docs/topology.md), so a consumer whose prefix,
 	// mode or ladder differs from the still-running old ones starts and
 	// logs the difference instead of refusing. Logger fills its Logger.

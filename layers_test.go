@@ -18,7 +18,7 @@ import (
 // cycle can start; a package missing here fails the test until it has its
 // place in the table.
 var layers = map[string][]string{
-	".":                                {"broker", "internal/redact", "outbox", "rabbit", "rocket", "scanner"},
+	".":                                {"broker", "internal/redact", "internal/services", "outbox", "rabbit", "rocket", "scanner"},
 	"broker":                           {"internal/wire"},
 	"broker/brokertest":                {"broker", "internal/wire"},
 	"broker/memory":                    {"broker"},
@@ -26,7 +26,7 @@ var layers = map[string][]string{
 	"rocket":                           {"broker", "internal/wire"},
 	"outbox":                           {"broker", "internal/store", "internal/percentile"},
 	"scanner":                          {"outbox", "broker", "internal/store"},
-	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/orders", "internal/redact", "outbox", "rabbit", "rocket", "scanner"},
+	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/orders", "internal/redact", "internal/services", "outbox", "rabbit", "rocket", "scanner"},
 	"cmd/delaybridge/internal/bench":   {".", "broker", "broker/memory", "cmd/delaybridge/internal/cli", "internal/percentile", "outbox", "rabbit"},
 	"cmd/delaybridge/internal/cli":     {"broker", "outbox"},
 	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/redact", "outbox", "rabbit", "rocket"},
@@ -35,6 +35,7 @@ var layers = map[string][]string{
 	"examples/ordertimeout": {".", "internal/orders", "outbox", "scanner"},
 	"integration":           {}, // its tests import everything
 	"internal/orders":       {"broker", "internal/percentile", "outbox"},
+	"internal/services":     {"broker", "outbox", "scanner"},
 	"internal/store":        {"broker"},
 	"internal/wire":         {},
 	"internal/percentile":   {"broker"},

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"os/signal"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
 	ordertimeout "github.com/delaybridge/delaybridge/internal/orders"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -41,7 +44,7 @@ own cancellation --timeout later in the same transaction; pays about
 --pay-ratio of them at a random moment between creation and a little after
 the timeout (so some payments lose the race); and runs the relay, the scanner
 (with the unpaid-orders business source) and the cancel consumer in this
-process. When every order is paid or cancelled it prints a summary: orders,
+process, on one delaybridge.Client, as examples/ordertimeout does. When every order is paid or cancelled it prints a summary: orders,
 paid, cancelled, wrongly cancelled (paid, yet cancelled, or its timeout task
 ran: must be 0), left unpaid past due (must be 0), stock consistent, and the
 lateness of the cancellations.
@@ -64,58 +67,49 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				defer ln.Close()
 			}
 			a.useDevDefaults(&bf)
-			ses, err := a.openSession(ctx, &bf, true, true)
+			if err := bf.check(a); err != nil {
+				return err
+			}
+			db, err := a.openDB(ctx)
 			if err != nil {
 				return err
 			}
-			defer ses.Close()
-			db, cl := ses.DB, ses.Clients
-
+			defer db.Close()
+			if _, err := outbox.Migrate(ctx, db); err != nil {
+				return err
+			}
 			m := newMetrics(db, 30*time.Second, a.log)
-			defer a.serveMetricsOn(ln, m, db, cl.Addr)()
-			work, stopWork := context.WithCancel(ctx)
-			defer stopWork()
-			relay, err := outbox.NewRelay(db, cl.Pub, outbox.RelayConfig{Logger: a.log, IdleMax: 100 * time.Millisecond, Hooks: m.RelayHooks()})
-			if err != nil {
-				return err
-			}
-			svc := &ordertimeout.Service{DB: db, Timeout: timeout, Nudge: relay.Nudge}
+			cfg := bf.withLog(a)
+			defer a.serveMetricsOn(ln, m, db, demoBrokerAddr(cfg))()
+			svc := &ordertimeout.Service{DB: db, Timeout: timeout}
 			if err := svc.Setup(ctx, []string{"sku-a", "sku-b", "sku-c"}, 1_000_000); err != nil {
 				return err
 			}
-			sc, err := scanner.New(db, cl.Pub, scanner.Config{Logger: a.log, Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
-				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}})
+			// One Client is the whole order service, as in
+			// examples/ordertimeout: the cancel consumer, the relay and the
+			// scanner with the unpaid-orders business source.
+			cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
+			cfg.Scanner = &scanner.Config{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
+				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}}
+			cfg.Consumer = broker.ConsumerConfig{Concurrency: 16}
+			cfg.Metrics = m.Metrics
+			// The demo's topic and the dead-letter topic, on RocketMQ.
+			cfg.RocketCreateTopics = true
+			client, err := delaybridge.NewClient(db, cfg)
 			if err != nil {
 				return err
 			}
-			consumer, err := outbox.NewConsumer(db, cl.Sub, cl.Pub, svc.CancelTask, broker.ConsumerConfig{
-				Concurrency: 16, Logger: a.log, Hooks: m.ConsumerHooks(),
-			})
-			if err != nil {
+			if err := client.Handle(ordertimeout.Topic, svc.CancelTask); err != nil {
 				return err
 			}
-			if err := cl.Ensure(ctx, ordertimeout.Topic, broker.DefaultDeadTopic); err != nil {
-				return err
-			}
-			presence, err := a.announce(ctx, db, &bf, outbox.RoleConsumer, ordertimeout.Topic)
-			if err != nil {
-				return err
-			}
-			defer presence.Close(context.Background()) //nolint:errcheck // the record expires anyway
-			if err := consumer.Start(ctx, ordertimeout.Topic); err != nil {
+			if err := client.Start(ctx); err != nil {
 				return err
 			}
 			defer func() {
-				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				_ = consumer.Close(cctx)
+				_ = client.Stop(sctx)
 			}()
-			var bg sync.WaitGroup
-			bg.Add(2)
-			go func() { defer bg.Done(); _ = relay.Run(work) }()
-			go func() { defer bg.Done(); _ = sc.Run(work) }()
-			defer bg.Wait()
-			defer stopWork()
 
 			fmt.Fprintf(a.stdout, "demo: %d orders over %v on %s (%s), timeout %v, paying about %.0f%%\n", orders, spread, bf.Broker, bf.mode(), timeout, payRatio*100)
 			var paid atomic.Int64
@@ -187,6 +181,27 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 	f.DurationVar(&wait, "wait", 60*time.Second, "wait past the last timeout for orders to settle")
 	f.StringVar(&httpAddr, "http", "", "serve /metrics here while the demo runs (empty = off)")
 	return cmd
+}
+
+// demoBrokerAddr is the broker address the demo's /readyz dials: the
+// AMQP URL's host and port, or the first RocketMQ name server.
+func demoBrokerAddr(cfg delaybridge.Config) string {
+	if cfg.Broker == "rocket" {
+		rc, err := cfg.RocketConfig()
+		if err != nil || len(rc.NameServers) == 0 {
+			return ""
+		}
+		return rc.NameServers[0]
+	}
+	u, err := url.Parse(cfg.AMQPURL)
+	if err != nil {
+		return ""
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[bool]string{true: "5671", false: "5672"}[u.Scheme == "amqps"]
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // tasksRunForPaidOrders counts the paid demo orders whose timeout task is

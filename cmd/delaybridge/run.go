@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/services"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
 )
@@ -113,57 +113,45 @@ back (up to --drain) and exits 0.`,
 			m.outbox.maxTopics = mTopics
 			m.shard = shardName
 			relayCfg.Hooks = outbox.LogProgress(m.RelayHooks(), a.log, 0)
-			relay, err := outbox.NewRelay(db, cl.Pub, relayCfg)
+			// The relay records its topology and warns of consumers that use
+			// another.
+			topo, err := bf.topology(a)
 			if err != nil {
 				return err
 			}
-			// A process without a scanner exports no scanner series.
-			var scanHooks scanner.Hooks
+			parts := services.Config{
+				Relay:          &relayCfg,
+				Cleaner:        &outbox.CleanerConfig{Retention: retention, Duty: cleanDuty, Logger: a.log},
+				Stats:          &outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log},
+				Presence:       &topo,
+				PresenceConfig: outbox.PresenceConfig{Logger: a.log},
+			}
 			if !noScan {
-				scanHooks = m.ScannerHooks()
+				// A process without a scanner exports no scanner series.
+				parts.Scanner = &scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: m.ScannerHooks(), Logger: a.log}
 			}
-			sc, err := scanner.New(db, cl.Pub, scanner.Config{Grace: grace, PublishTimeout: pubWait, Hooks: scanHooks, Logger: a.log})
+			if noClean {
+				parts.Cleaner = nil
+			}
+			if statsEach == 0 {
+				parts.Stats = nil
+			}
+			bg, err := services.New(ctx, db, cl.Pub, parts)
 			if err != nil {
 				return err
 			}
-			cleaner := outbox.NewCleaner(db, outbox.CleanerConfig{Retention: retention, Duty: cleanDuty, Logger: a.log})
-			stats := outbox.NewStatsRefresher(db, outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log})
-
-			// Record this relay's topology and warn of consumers that use another.
-			presence, err := a.announce(ctx, db, &bf, outbox.RoleRelay)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				// Bounded: a database gone at shutdown must not hold the
-				// exit past --drain; the record expires anyway.
-				pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = presence.Close(pctx)
-			}()
+			// Bounded: a database gone at shutdown must not hold the exit
+			// past --drain.
+			defer bg.Withdraw(context.Background()) //nolint:errcheck // the record expires anyway
+			relay := bg.Relay()
 
 			srv := cli.NewHTTPServer(a.httpHandler(m, db, cl.Addr))
 			a.log.Info("delaybridge run: started", "broker", bf.Broker, "mode", bf.mode(), "http", ln.Addr().String(),
 				"limits_max_hop", cl.Pub.Limits().MaxHop, "limits_precision", cl.Pub.Limits().Precision, "lookahead", relay.Lookahead(), "relay_workers", relay.Workers(), "database", redactDSN(a.mysqlDSN))
 			fmt.Fprintf(a.stdout, "delaybridge running: broker %s (%s), http://%s/metrics\n", bf.Broker, bf.mode(), ln.Addr())
 
-			var wg sync.WaitGroup
-			work, stopWork := context.WithCancel(context.Background())
-			defer stopWork()
-			start := func(f func(context.Context) error) {
-				wg.Add(1)
-				go func() { defer wg.Done(); _ = f(work) }()
-			}
-			start(relay.Run)
-			if !noScan {
-				start(sc.Run)
-			}
-			if !noClean {
-				start(cleaner.Run)
-			}
-			if statsEach > 0 {
-				start(stats.Run)
-			}
+			bg.Start()
+			defer bg.Stop()
 			httpErr := make(chan error, 1)
 			go func() { httpErr <- srv.Serve(ln) }()
 
@@ -177,12 +165,10 @@ back (up to --drain) and exits 0.`,
 				failed = fmt.Errorf("http server on %s failed: %w", ln.Addr(), err)
 				a.log.Error("delaybridge run: http server failed; stopping", "err", err)
 			}
-			stopWork()
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(drain):
+			bg.Stop()
+			dctx, cancelDrain := context.WithTimeout(context.Background(), drain)
+			defer cancelDrain()
+			if bg.Wait(dctx) != nil {
 				a.log.Warn("delaybridge run: components still busy after the drain timeout", "drain", drain)
 			}
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -19,17 +19,6 @@ func (b *brokerFlags) topology(a *app) (broker.Topology, error) {
 	return b.withLog(a).Topology()
 }
 
-// announce records this process's presence and topology (outbox.Announce):
-// a consumer whose topology differs from a live relay's or consumer's
-// fails here, naming both values; a relay logs the difference.
-func (a *app) announce(ctx context.Context, db *sql.DB, bf *brokerFlags, role outbox.Role, topics ...string) (*outbox.Announcement, error) {
-	topo, err := bf.topology(a)
-	if err != nil {
-		return nil, err
-	}
-	return outbox.Announce(ctx, db, outbox.Presence{Role: role, Topology: topo, Topics: topics}, outbox.PresenceConfig{Logger: a.log})
-}
-
 var descUnconsumed = prometheus.NewDesc("delaybridge_outbox_unconsumed_overdue_tasks",
 	"Published tasks overdue by more than the grace, of topics no live consumer announced itself for (a consumer with another prefix or group, or none). Counted among the oldest 10,000 overdue tasks.",
 	[]string{"topic"}, nil)
