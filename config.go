@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/settings"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
@@ -81,7 +82,8 @@ type Config struct {
 	// timerPrecisionMs (zero: theirs, read at start) (--rocketmq-precision).
 	RocketPrecision time.Duration
 	// RocketLevels is the broker's messageDelayLevel list
-	// (--rocketmq-levels), as ParseLevels reads it.
+	// (--rocketmq-levels), read as rocket.ParseLevels reads it; commas may
+	// separate the levels too.
 	RocketLevels string
 	// RocketGroupPrefix starts every consumer group name
 	// (--rocketmq-group-prefix; consumers only): topic T is consumed in
@@ -222,17 +224,10 @@ func fill[T comparable](v *T, def T) {
 // c's current values as defaults: the database, the broker, the consumer
 // settings and the -file companions of the secret ones.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	RegisterDatabaseFlags(fs, &c.MySQLDSN, &c.MySQLTLS)
+	settings.RegisterDatabaseFlags(fs, &c.MySQLDSN, c.MySQLTLS.Register)
 	c.RegisterBrokerFlags(fs)
 	c.RegisterConsumerFlags(fs)
-	RegisterSecretFiles(fs)
-}
-
-// RegisterDatabaseFlags adds --mysql-dsn and --mysql-tls-*, bound to dsn
-// and tls.
-func RegisterDatabaseFlags(fs *pflag.FlagSet, dsn *string, tls *TLSFiles) {
-	fs.StringVar(dsn, "mysql-dsn", *dsn, "MySQL/MariaDB DSN of the outbox (go-sql-driver format)")
-	tls.Register(fs, "mysql", "the database")
+	settings.RegisterSecretFiles(fs)
 }
 
 // RegisterBrokerFlags adds the settings every process that talks to the
@@ -260,7 +255,7 @@ func (c *Config) RegisterBrokerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.RocketSecretKey, "rocketmq-secret-key", c.RocketSecretKey, "ACL secret key (prefer --rocketmq-secret-key-file)")
 	fs.BoolVar(&c.RocketTLS, "rocketmq-tls", c.RocketTLS, "TLS to RocketMQ, certificates unverified (see SECURITY.md)")
 	fs.StringVar(&c.SigningKeys, "signing-keys", c.SigningKeys, "sign and check messages: id:base64secret,... (first signs)")
-	RegisterSecretFiles(fs)
+	settings.RegisterSecretFiles(fs)
 }
 
 // RegisterConsumerFlags adds the settings only consumers use: RabbitMQ
@@ -315,33 +310,11 @@ func (c Config) Mode() string {
 	return c.RabbitMode
 }
 
-// NotConfiguredError is the error for a required setting left unset: it
-// names every way to set it.
-type NotConfiguredError struct {
-	// Setting is the flag name, e.g. "amqp-url".
-	Setting string
-	// What says what is missing, e.g. "no RabbitMQ configured".
-	What string
-}
-
-// Error names the missing setting and every way to set it: a secret one
-// (a URL or DSN with a password) also from its -file twin, where only demo
-// and bench fall back to the local development services; the others from
-// the flag, the environment or --config.
-func (e *NotConfiguredError) Error() string {
-	f := e.Setting
-	if !IsSecretSetting(f) {
-		return fmt.Sprintf("%s: set --%s (environment %s, or %s in --config)", e.What, f, EnvName(f), f)
-	}
-	return fmt.Sprintf("%s: set --%s or --%s%s (environment %s or %s, or %s%s in --config); only demo and bench fall back to the local development services",
-		e.What, f, f, SecretFileSuffix, EnvName(f), EnvName(f+SecretFileSuffix), f, SecretFileSuffix)
-}
-
 // RabbitConfig returns the rabbit adapter's configuration.
 func (c Config) RabbitConfig() (rabbit.Config, error) {
 	cfg := rabbit.Config{URL: c.AMQPURL, Nodes: c.AMQPNodes, Prefix: c.RabbitPrefix, Unit: c.RabbitUnit, Lead: c.RabbitLead, Depth: c.RabbitDepth, Prefetch: c.RabbitPrefetch, MaxLength: c.RabbitMaxLength, Logger: c.Logger}
 	if c.AMQPURL == "" {
-		return cfg, &NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
+		return cfg, &settings.NotConfiguredError{Setting: "amqp-url", What: "no RabbitMQ configured"}
 	}
 	if c.RabbitPrefetch <= 0 || c.RabbitPrefetch > rabbit.MaxPrefetch {
 		return cfg, fmt.Errorf("--rabbit-prefetch must be 1 to %d (AMQP's prefetch count is 16 bits), not %d", rabbit.MaxPrefetch, c.RabbitPrefetch)
@@ -383,17 +356,6 @@ func (c Config) RabbitConfig() (rabbit.Config, error) {
 	return cfg, nil
 }
 
-// ParseLevels parses a RocketMQ messageDelayLevel list as the broker
-// reads it (see rocket.ParseLevels): ascending positive levels such as
-// "1s 5s 1m 2h 1d". Commas may separate the levels too.
-func ParseLevels(s string) ([]time.Duration, error) {
-	levels, err := rocket.ParseLevels(strings.ReplaceAll(s, ",", " "))
-	if err != nil {
-		return nil, fmt.Errorf("--rocketmq-levels: %w", err)
-	}
-	return levels, nil
-}
-
 // RocketConfig returns the rocket adapter's configuration.
 func (c Config) RocketConfig() (rocket.Config, error) {
 	cfg := rocket.Config{GroupPrefix: c.RocketGroupPrefix, Logger: c.Logger, AccessKey: c.RocketAccessKey, SecretKey: c.RocketSecretKey, TLS: c.RocketTLS,
@@ -413,7 +375,7 @@ func (c Config) RocketConfig() (rocket.Config, error) {
 		}
 		cfg.Limits = rocket.TimerLimits(c.RocketMaxDelay, c.RocketPrecision)
 	case "levels":
-		lv, err := ParseLevels(c.RocketLevels)
+		lv, err := settings.ParseLevels(c.RocketLevels)
 		if err != nil {
 			return cfg, err
 		}
@@ -425,7 +387,7 @@ func (c Config) RocketConfig() (rocket.Config, error) {
 		return cfg, err
 	}
 	if len(cfg.NameServers) == 0 {
-		return cfg, &NotConfiguredError{Setting: "rocketmq-namesrv", What: "no RocketMQ name server configured"}
+		return cfg, &settings.NotConfiguredError{Setting: "rocketmq-namesrv", What: "no RocketMQ name server configured"}
 	}
 	if c.RocketConsumeGoroutines < 0 || c.RocketConsumeGoroutines > rocket.MaxConsumeGoroutines {
 		return cfg, fmt.Errorf("--rocketmq-consume-goroutines %d: want 1 to %d (0 for the default, %d)", c.RocketConsumeGoroutines, rocket.MaxConsumeGoroutines, rocket.DefaultConsumeGoroutines)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/redact"
+	"github.com/delaybridge/delaybridge/internal/settings"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -148,7 +149,7 @@ func (c Config) closeLogged(what string, cl interface{ Close() error }) {
 }
 
 // MySQLConfig parses MySQLDSN and applies MySQLTLS. parseTime is on unless
-// the DSN says otherwise. A DSN without a database name is an error. An empty DSN is a *NotConfiguredError, not the
+// the DSN says otherwise. A DSN without a database name is an error. An empty DSN is an error naming every way to set it, not the
 // driver's defaults: a daemon must not quietly try root@127.0.0.1 against
 // whatever database answers.
 func (c Config) MySQLConfig() (*mysql.Config, error) {
@@ -157,16 +158,16 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 		return nil, err
 	}
 	if c.MySQLDSN == "" {
-		return nil, &NotConfiguredError{Setting: "mysql-dsn", What: "no outbox database configured"}
+		return nil, &settings.NotConfiguredError{Setting: "mysql-dsn", What: "no outbox database configured"}
 	}
 	cfg, err := mysql.ParseDSN(c.MySQLDSN)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn %s: %w; %s", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN), DSNFormHint(c.MySQLDSN))
+		return nil, fmt.Errorf("--mysql-dsn %s: %w; %s", redact.DSN(c.MySQLDSN), redact.Scrub(err, c.MySQLDSN), settings.DSNFormHint(c.MySQLDSN))
 	}
 	if cfg.DBName == "" {
 		// The driver connects without one, and every statement on the
 		// outbox table then fails with "No database selected".
-		return nil, fmt.Errorf("--mysql-dsn %s names no database: the outbox table lives in one; want the go-sql-driver form %s", redact.DSN(c.MySQLDSN), dsnForm)
+		return nil, fmt.Errorf("--mysql-dsn %s names no database: the outbox table lives in one; want the go-sql-driver form %s", redact.DSN(c.MySQLDSN), settings.DSNForm)
 	}
 	if !strings.Contains(c.MySQLDSN, "parseTime=") {
 		cfg.ParseTime = true
@@ -185,27 +186,6 @@ func (c Config) MySQLConfig() (*mysql.Config, error) {
 		cfg.TLS = tc
 	}
 	return cfg, nil
-}
-
-// dsnForm is the DSN form of go-sql-driver/mysql, which --mysql-dsn takes.
-const dsnForm = "user:password@tcp(host:3306)/dbname?param=value"
-
-// DSNFormHint says what a DSN the driver cannot parse should look like.
-// The two usual mistakes get their own words: a URL (mysql://...) and an
-// address without its network (user:pw@host:3306/db), for which the
-// driver only says "default addr for network 'host:3306' unknown". It
-// never quotes the DSN, which holds the password.
-func DSNFormHint(dsn string) string {
-	if scheme, _, ok := strings.Cut(dsn, "://"); ok && !strings.ContainsAny(scheme, ":@/") {
-		return fmt.Sprintf("it is a %s:// URL, want the go-sql-driver form %s", scheme, dsnForm)
-	}
-	if at := strings.LastIndex(dsn, "@"); at >= 0 {
-		addr, _, _ := strings.Cut(dsn[at+1:], "/")
-		if addr != "" && !strings.Contains(addr, "(") {
-			return "the address needs its network, as in tcp(host:3306) or unix(/path/to/socket): want the go-sql-driver form " + dsnForm
-		}
-	}
-	return "want the go-sql-driver form " + dsnForm
 }
 
 // interpolationSafe reports whether the driver may put arguments into the

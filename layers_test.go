@@ -18,7 +18,7 @@ import (
 // cycle can start; a package missing here fails the test until it has its
 // place in the table.
 var layers = map[string][]string{
-	".":                                {"broker", "internal/redact", "internal/services", "outbox", "rabbit", "rocket", "scanner"},
+	".":                                {"broker", "internal/redact", "internal/services", "internal/settings", "outbox", "rabbit", "rocket", "scanner"},
 	"broker":                           {"internal/wire"},
 	"broker/brokertest":                {"broker", "internal/wire"},
 	"broker/memory":                    {"broker"},
@@ -26,10 +26,10 @@ var layers = map[string][]string{
 	"rocket":                           {"broker", "internal/wire"},
 	"outbox":                           {"broker", "internal/store", "internal/percentile"},
 	"scanner":                          {"outbox", "broker", "internal/store"},
-	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/orders", "internal/redact", "internal/services", "outbox", "rabbit", "rocket", "scanner"},
+	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/orders", "internal/redact", "internal/services", "internal/settings", "outbox", "rabbit", "rocket", "scanner"},
 	"cmd/delaybridge/internal/bench":   {".", "broker", "broker/memory", "cmd/delaybridge/internal/cli", "internal/percentile", "outbox", "rabbit"},
 	"cmd/delaybridge/internal/cli":     {"broker", "outbox"},
-	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/redact", "outbox", "rabbit", "rocket"},
+	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/redact", "internal/settings", "outbox", "rabbit", "rocket"},
 	"cmd/delaybridge/internal/console/consoletest": {"internal/testenv", "outbox"},
 	"examples":              {},
 	"examples/ordertimeout": {".", "internal/orders", "outbox", "scanner"},
@@ -41,6 +41,7 @@ var layers = map[string][]string{
 	"internal/percentile":   {"broker"},
 	"internal/redacturl":    {},
 	"internal/redact":       {"internal/redacturl"},
+	"internal/settings":     {"rocket"},
 	"internal/testenv":      {},
 	"internal/testutil":     {},
 }

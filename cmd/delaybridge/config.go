@@ -7,19 +7,19 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/redact"
+	"github.com/delaybridge/delaybridge/internal/settings"
 )
 
 // envPrefix starts the environment variable of every flag.
-const envPrefix = delaybridge.EnvPrefix
+const envPrefix = settings.EnvPrefix
 
 // envName returns the environment variable that sets flag name.
-func envName(name string) string { return delaybridge.EnvName(name) }
+func envName(name string) string { return settings.EnvName(name) }
 
 // applyConfig fills every flag of cmd the command line did not set, first
 // from its DELAYBRIDGE_* environment variable, then from the config file
-// (see delaybridge.ApplyEnvAndFile).
+// (see settings.ApplyEnvAndFileShared).
 //
 // One file may serve every command: a setting of another delaybridge
 // command (broker = rabbit in the file migrate reads) is skipped, and only
@@ -34,7 +34,7 @@ func applyConfig(cmd *cobra.Command, file string) (holdsSecret bool, err error) 
 		}
 	}
 	walk(cmd.Root())
-	return delaybridge.ApplyEnvAndFileShared(cmd.Flags(), file, cmd.CommandPath(), func(name string) bool { return known[name] })
+	return settings.ApplyEnvAndFileShared(cmd.Flags(), file, cmd.CommandPath(), func(name string) bool { return known[name] })
 }
 
 // noteConfigFile logs what an operator should know about the config file

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/redact"
+	"github.com/delaybridge/delaybridge/internal/settings"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 )
@@ -106,7 +107,7 @@ one line; docs/flags.md says what the line leaves out.`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
-	delaybridge.RegisterDatabaseFlags(pf, &a.mysqlDSN, &a.mysqlTLS)
+	settings.RegisterDatabaseFlags(pf, &a.mysqlDSN, a.mysqlTLS.Register)
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	registerSecretFiles(pf)
 

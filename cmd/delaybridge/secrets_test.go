@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/settings"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/outbox"
@@ -36,7 +36,7 @@ func TestReadSecretFile_TrimsOneLineAndRefusesEverythingElse(t *testing.T) {
 			t.Errorf("readSecretFile(%q) = %q, %v", body, got, err)
 		}
 	}
-	for body, want := range map[string]string{"": "is empty", " \n": "is empty", "a\nb\n": "more than one line", strings.Repeat("x", delaybridge.MaxSecretFile+1): "more than a secret"} {
+	for body, want := range map[string]string{"": "is empty", " \n": "is empty", "a\nb\n": "more than one line", strings.Repeat("x", settings.MaxSecretFile+1): "more than a secret"} {
 		_, err := readSecretFile(write("bad", body))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("readSecretFile of %d bytes: %v, want %q", len(body), err, want)

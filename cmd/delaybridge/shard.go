@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/settings"
 )
 
 // A sharded order database keeps one outbox per shard. delaybridge runs one
@@ -66,7 +66,7 @@ func (s *shardFlags) parse() ([]shard, error) {
 			return nil, fmt.Errorf("--shard %s: empty DSN: want NAME=DSN or NAME=@FILE", name)
 		}
 		if _, err := mysql.ParseDSN(dsn); err != nil {
-			return nil, fmt.Errorf("--shard %s: DSN %s: %w; %s", name, redactDSN(dsn), scrub(err, dsn), delaybridge.DSNFormHint(dsn))
+			return nil, fmt.Errorf("--shard %s: DSN %s: %w; %s", name, redactDSN(dsn), scrub(err, dsn), settings.DSNFormHint(dsn))
 		}
 		out = append(out, shard{name: name, dsn: dsn})
 	}

@@ -6,11 +6,12 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"github.com/delaybridge/delaybridge"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/delaybridge/delaybridge/internal/settings"
 )
 
 // credential is the one user name and password the console accepts,
@@ -25,13 +26,13 @@ type credential struct {
 const minPassword = 16
 
 // readCredential reads "user:password" from path the way every
-// secret file is read (delaybridge.ReadSecretFile: one line, size-bounded, contents
+// secret file is read (settings.ReadSecretFile: one line, size-bounded, contents
 // never quoted in errors).
 func readCredential(path string) (credential, error) {
 	if path == "" {
 		return credential{}, errors.New("--auth-file is required: the console needs a user:password credential to check every request against")
 	}
-	line, err := delaybridge.ReadSecretFile(path)
+	line, err := settings.ReadSecretFile(path)
 	if err != nil {
 		return credential{}, fmt.Errorf("--auth-file: %w", err)
 	}

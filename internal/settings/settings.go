@@ -1,4 +1,9 @@
-package delaybridge
+// Package settings is the configuration loader the delaybridge binary and
+// the root package's LoadConfig share: every setting is a flag, and a flag
+// the command line did not set is read from its DELAYBRIDGE_* environment
+// variable, then from the config file. Command line beats environment
+// beats file beats default. Secret settings also read from a -file twin.
+package settings
 
 import (
 	"bufio"
@@ -11,11 +16,6 @@ import (
 
 	"github.com/spf13/pflag"
 )
-
-// This file is the configuration loader the delaybridge binary and the
-// Client share: every setting is a flag, and a flag the command line did
-// not set is read from its DELAYBRIDGE_* environment variable, then from
-// the config file. Command line beats environment beats file beats default.
 
 // EnvPrefix starts the environment variable of every setting: --mysql-dsn
 // is DELAYBRIDGE_MYSQL_DSN.
@@ -44,9 +44,9 @@ func secretSettings() []string {
 // so anything bigger is a wrong path, not a secret.
 const MaxSecretFile = 64 << 10
 
-// IsSecretSetting reports whether the flag name may hold a password or a
+// isSecretSetting reports whether the flag name may hold a password or a
 // key (and so has a -file companion).
-func IsSecretSetting(name string) bool {
+func isSecretSetting(name string) bool {
 	return slices.Contains(secretSettings(), name)
 }
 
@@ -60,11 +60,11 @@ func RegisterSecretFiles(fs *pflag.FlagSet) {
 	}
 }
 
-// ParseConfigFile reads a config file: one "name = value" per line, name
+// parseConfigFile reads a config file: one "name = value" per line, name
 // being a flag name without dashes, '#' starting a comment line. Values may
 // be wrapped in double quotes. It rejects unknown syntax with the line
 // number.
-func ParseConfigFile(r io.Reader) (map[string]string, error) {
+func parseConfigFile(r io.Reader) (map[string]string, error) {
 	out := map[string]string{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -109,16 +109,16 @@ func validSettingName(name string) bool {
 	return true
 }
 
-// ApplyEnvAndFile fills every flag of fs the command line did not set,
+// applyEnvAndFile fills every flag of fs the command line did not set,
 // first from its DELAYBRIDGE_* environment variable, then from the config
 // file (none when file is ""). A setting in the file that fs does not have
 // is an error naming who, the program or command reading it. holdsSecret
 // says whether the file sets a secret flag itself (not its -file twin).
-func ApplyEnvAndFile(fs *pflag.FlagSet, file, who string) (holdsSecret bool, err error) {
+func applyEnvAndFile(fs *pflag.FlagSet, file, who string) (holdsSecret bool, err error) {
 	return ApplyEnvAndFileShared(fs, file, who, nil)
 }
 
-// ApplyEnvAndFileShared is ApplyEnvAndFile for a config file several
+// ApplyEnvAndFileShared is applyEnvAndFile for a config file several
 // programs or commands share: a setting fs lacks that known reports as
 // another one's is skipped, not refused, while a name known does not
 // report (a typo) is still an error. known nil shares nothing.
@@ -130,7 +130,7 @@ func ApplyEnvAndFileShared(fs *pflag.FlagSet, file, who string, known func(name 
 			return false, fmt.Errorf("config file: %w", err)
 		}
 		defer f.Close()
-		if fromFile, err = ParseConfigFile(f); err != nil {
+		if fromFile, err = parseConfigFile(f); err != nil {
 			return false, fmt.Errorf("config file %s: %w", file, err)
 		}
 		if _, ok := fromFile["config"]; ok {
@@ -144,7 +144,7 @@ func ApplyEnvAndFileShared(fs *pflag.FlagSet, file, who string, known func(name 
 				}
 				return false, fmt.Errorf("config file %s: unknown setting %q for %s", file, name, who)
 			}
-			holdsSecret = holdsSecret || IsSecretSetting(name)
+			holdsSecret = holdsSecret || isSecretSetting(name)
 		}
 	}
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -178,7 +178,7 @@ func ApplySecretFiles(fs *pflag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		base, ok := strings.CutSuffix(f.Name, SecretFileSuffix)
-		if err != nil || !ok || !IsSecretSetting(base) || f.Value.String() == "" {
+		if err != nil || !ok || !isSecretSetting(base) || f.Value.String() == "" {
 			return
 		}
 		target := fs.Lookup(base)
@@ -245,8 +245,7 @@ func SecretFileModeWarning(path string) string {
 // the environment and the config file, then reads the -file companions of
 // the secret settings. The config file is the one --config names when fs
 // has that flag, else DELAYBRIDGE_CONFIG's. who names the program in
-// errors. A service that has flags of its own registers them and
-// Config.RegisterFlags on one FlagSet and calls LoadFlags once.
+// errors. The root package's LoadFlags and LoadConfig call it.
 func LoadFlags(fs *pflag.FlagSet, args []string, who string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -255,25 +254,8 @@ func LoadFlags(fs *pflag.FlagSet, args []string, who string) error {
 	if f := fs.Lookup("config"); f != nil && f.Changed {
 		file = f.Value.String()
 	}
-	if _, err := ApplyEnvAndFile(fs, file, who); err != nil {
+	if _, err := applyEnvAndFile(fs, file, who); err != nil {
 		return err
 	}
 	return ApplySecretFiles(fs)
-}
-
-// LoadConfig returns the configuration args (a command line without the
-// program name, e.g. os.Args[1:]), the DELAYBRIDGE_* environment and the
-// config file (--config or DELAYBRIDGE_CONFIG) give, read as the
-// delaybridge binary reads them. Settings none of them give keep
-// DefaultConfig's values.
-func LoadConfig(args []string) (Config, error) {
-	cfg := DefaultConfig()
-	fs := pflag.NewFlagSet("delaybridge", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.String("config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
-	cfg.RegisterFlags(fs)
-	if err := LoadFlags(fs, args, "delaybridge.LoadConfig"); err != nil {
-		return Config{}, err
-	}
-	return cfg, nil
 }
