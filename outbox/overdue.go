@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // MillisUTC truncates t to the millisecond and returns it in UTC: due
@@ -34,7 +35,7 @@ func Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
 		return false, err
 	}
 	var overdue bool
-	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
+	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+store.DBNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
 		topic, []byte(key)).Scan(&overdue)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):

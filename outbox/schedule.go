@@ -244,16 +244,12 @@ func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State
 	return State(st), nil
 }
 
-// selectInfo lists the columns scanInfo reads.
-const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace, state, generation,
-  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
-
 // Get reads the task (topic, key), or returns ErrNotFound.
 func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	if err := checkCall("Get", q, topic, key); err != nil {
 		return nil, err
 	}
-	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
+	row := q.QueryRowContext(ctx, store.SelectTask+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s/%q", ErrNotFound, topic, key)
@@ -261,41 +257,18 @@ func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskIn
 	return info, err
 }
 
-type scanner interface{ Scan(dest ...any) error }
-
-func scanInfo(s scanner) (*TaskInfo, error) {
-	var (
-		i                       TaskInfo
-		key                     []byte
-		dueMS, createdMS, updMS int64
-		headers, trace, lastErr sql.NullString
-		publishedMS, doneMS     sql.NullInt64
-		state                   string
-	)
-	if err := s.Scan(&i.ID, &i.Task.Topic, &key, &dueMS, &i.Task.Payload, &headers, &trace, &state, &i.Generation,
-		&i.PublishAttempts, &i.Attempts, &i.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
+// scanInfo reads a row of store.SelectTask or store.SelectTaskRow.
+func scanInfo(s store.Scanner) (*TaskInfo, error) {
+	r, err := store.ScanTask(s)
+	if err != nil {
 		return nil, err
 	}
-	i.Task.Key = string(key)
-	i.Task.DueAt = msTime(dueMS)
-	i.Task.Trace = trace.String
-	if headers.Valid {
-		// Lenient: a column another producer wrote ({"tenant":1}, or no
-		// JSON at all) never fails a read or a list; what no broker
-		// carries is left out.
-		i.Task.Headers, _ = store.DecodeHeaders(headers.String)
-	}
-	i.State = State(state)
-	i.LastError = lastErr.String
-	i.CreatedAt, i.UpdatedAt = msTime(createdMS), msTime(updMS)
-	// 0 (NULL before migration 2) means not yet.
-	if publishedMS.Valid && publishedMS.Int64 != 0 {
-		i.PublishedAt = msTime(publishedMS.Int64)
-	}
-	if doneMS.Valid && doneMS.Int64 != 0 {
-		i.DoneAt = msTime(doneMS.Int64)
-	}
-	return &i, nil
+	return infoOf(r), nil
 }
 
-func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+// infoOf is r as a TaskInfo.
+func infoOf(r *store.TaskRow) *TaskInfo {
+	return &TaskInfo{ID: r.ID, Task: Task{Topic: r.Topic, Key: r.Key, DueAt: r.DueAt, Payload: r.Payload, Headers: r.Headers, Trace: r.Trace},
+		State: State(r.State), Generation: r.Generation, PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues,
+		LastError: r.LastError, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, PublishedAt: r.PublishedAt, DoneAt: r.DoneAt}
+}

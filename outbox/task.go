@@ -176,7 +176,7 @@ func inList(n int) string { return store.InList(n) }
 
 // ErrNoQuerier is returned, wrapped, by a call given no transaction or
 // database (a nil Querier, or a nil *sql.Tx, *sql.DB or *sql.Conn in one).
-var ErrNoQuerier = errors.New("outbox: no transaction or database given")
+var ErrNoQuerier = store.ErrNoQuerier
 
 // checkCall refuses a nil querier, naming the call, and a topic or key no
 // task can have (checked as Schedule checks them), before any query.
@@ -193,26 +193,5 @@ func checkCall(call string, q Querier, topic, key string) error {
 	return nil
 }
 
-// isNilQuerier reports whether q is nil or a nil pointer of the database
-// types a caller passes.
-func isNilQuerier(q Querier) bool {
-	switch v := q.(type) {
-	case nil:
-		return true
-	case *sql.Tx:
-		return v == nil
-	case *sql.DB:
-		return v == nil
-	case *sql.Conn:
-		return v == nil
-	}
-	return false
-}
-
 // checkQuerier refuses a nil querier, naming the call.
-func checkQuerier(call string, q Querier) error {
-	if isNilQuerier(q) {
-		return fmt.Errorf("%w to %s", ErrNoQuerier, call)
-	}
-	return nil
-}
+func checkQuerier(call string, q Querier) error { return store.CheckQuerier(call, q) }
