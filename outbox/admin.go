@@ -24,7 +24,7 @@ WHERE topic = ? AND task_key = ? AND state = 'dead'`, now, topic, []byte(key))
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	st, err := New(Config{}).state(ctx, q, topic, key)
+	st, err := newWriter(config{}).state(ctx, q, topic, key)
 	if err != nil {
 		return err
 	}

@@ -17,9 +17,6 @@ import (
 // broker.MillisUTC, here for callers that only use the outbox.
 func MillisUTC(t time.Time) time.Time { return broker.MillisUTC(t) }
 
-// Millis returns t as the epoch milliseconds the table stores.
-func Millis(t time.Time) int64 { return t.UnixMilli() }
-
 // Overdue reports whether the task of (topic, key) is due by the
 // database's clock and not finished: pending, published, or dead (its
 // handler gave up). It is the lazy check of the read path: between the due
