@@ -12,6 +12,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
@@ -375,7 +376,7 @@ func TestClient_ThatRelaysRunsWhatRunRunsBesideIt(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			_, gerr := c.Get(b.ctx, b.db, "retained", "old")
-			st, serr := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
+			st, serr := ops.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
 			if serr != nil {
 				t.Fatal(serr)
 			}
@@ -413,7 +414,7 @@ func TestClient_ThatRelaysRunsWhatRunRunsBesideIt(t *testing.T) {
 		// ample for one that runs.
 		time.Sleep(time.Second)
 		_, gerr := c.Get(b.ctx, b.db, "retained", "kept")
-		st, serr := outbox.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
+		st, serr := ops.ReadStats(b.ctx, b.db, time.Now(), time.Minute, 0)
 		relays := b.relays(t)
 		if err := c.Stop(b.ctx); err != nil {
 			t.Fatal(err)

@@ -6,27 +6,6 @@ import (
 	"time"
 )
 
-// ListDead returns up to limit dead tasks, oldest due first.
-func ListDead(ctx context.Context, q Querier, limit int) ([]*TaskInfo, error) {
-	if err := checkQuerier("ListDead", q); err != nil {
-		return nil, err
-	}
-	rows, err := q.QueryContext(ctx, selectInfo+" WHERE state = 'dead' ORDER BY due_ms LIMIT ?", limit)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: list dead: %w", err)
-	}
-	defer rows.Close()
-	var out []*TaskInfo
-	for rows.Next() {
-		i, err := scanInfo(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, i)
-	}
-	return out, rows.Err()
-}
-
 // Replay puts a dead task back to pending with its publish attempts reset
 // and a new generation, so the relay publishes it again and Handle runs it.
 // A missing task returns ErrNotFound; a task in any other state is left
@@ -45,7 +24,7 @@ WHERE topic = ? AND task_key = ? AND state = 'dead'`, now, topic, []byte(key))
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	st, err := New(Config{}).state(ctx, q, topic, key)
+	st, err := newWriter(config{}).state(ctx, q, topic, key)
 	if err != nil {
 		return err
 	}

@@ -242,7 +242,7 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 	}
 	byID := map[int64]*taskRow{}
 	for _, chunk := range chunks(ids) {
-		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+dbNowMS+
+		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+store.DBNowMS+
 			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)

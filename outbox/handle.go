@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // Outcome says what Handle did with a message.
@@ -149,10 +150,10 @@ func lockTask(ctx context.Context, tx *sql.Tx, m *broker.Message) (*taskRow, err
 	r := taskRow{topic: m.Topic, key: m.Key}
 	var row *sql.Row
 	if m.TaskID != 0 {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+dbNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+store.DBNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
 			m.TaskID, m.Topic, []byte(m.Key))
 	} else {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+store.DBNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
 			m.Topic, []byte(m.Key))
 	}
 	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.attempts, &r.dbNow); {
@@ -293,7 +294,3 @@ WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pe
 		return nil
 	}
 }
-
-// dbNowMS is the database's clock in epoch milliseconds, as SQL: the one
-// clock every consumer host agrees on.
-const dbNowMS = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/store"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -176,13 +177,13 @@ WHERE table_schema = DATABASE() AND table_name = 'delay_task' GROUP BY index_nam
 		query string
 		args  []any
 	}{
-		"count by state and topic":        {outbox.CountQuery, nil},
+		"count by state and topic":        {store.CountQuery, nil},
 		"relay claim":                     {head, headArgs},
 		"relay claim past a resume point": {resumed, resumedArgs},
 	} {
-		e := &explaining{t: t, db: b.db}
-		e.explain(b.ctx, q.query, q.args)
-		typ, key, extra := e.plans[0].typ, e.plans[0].key, e.plans[0].extra
+		e := &testenv.Explaining{T: t, DB: b.db}
+		e.Explain(b.ctx, q.query, q.args)
+		typ, key, extra := e.Plans[0].Type, e.Plans[0].Key, e.Plans[0].Extra
 		if key != "ix_delay_task_state_due" {
 			t.Errorf("%s: EXPLAIN key=%s extra=%q; want ix_delay_task_state_due", name, key, extra)
 		}

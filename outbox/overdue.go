@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/store"
 )
 
 // MillisUTC truncates t to the millisecond and returns it in UTC: due
@@ -15,9 +16,6 @@ import (
 // from the table equals MillisUTC of the one scheduled. It is
 // broker.MillisUTC, here for callers that only use the outbox.
 func MillisUTC(t time.Time) time.Time { return broker.MillisUTC(t) }
-
-// Millis returns t as the epoch milliseconds the table stores.
-func Millis(t time.Time) int64 { return t.UnixMilli() }
 
 // Overdue reports whether the task of (topic, key) is due by the
 // database's clock and not finished: pending, published, or dead (its
@@ -34,7 +32,7 @@ func Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
 		return false, err
 	}
 	var overdue bool
-	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+dbNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
+	err := q.QueryRowContext(ctx, "SELECT due_ms <= "+store.DBNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')",
 		topic, []byte(key)).Scan(&overdue)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):

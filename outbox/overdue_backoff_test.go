@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -25,11 +26,11 @@ func TestStats_ATaskLongPastDueStaysOverdueWhateverItsRescueBackoff(t *testing.T
 	if err := outbox.RefreshStats(b.ctx, b.db, grace); err != nil {
 		t.Fatal(err)
 	}
-	live, err := outbox.CountStats(b.ctx, b.db, now, grace, 0)
+	live, err := ops.CountStats(b.ctx, b.db, now, grace, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	read, err := outbox.ReadStats(b.ctx, b.db, now, grace, 0)
+	read, err := ops.ReadStats(b.ctx, b.db, now, grace, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestStats_ATaskLongPastDueStaysOverdueWhateverItsRescueBackoff(t *testing.T
 	if err := b.db.QueryRow("SELECT overdue FROM delay_task_stats_run WHERE id = 1").Scan(&summary); err != nil || summary != 1 {
 		t.Fatalf("summary overdue = %d, %v; want 1", summary, err)
 	}
-	got, err := outbox.Unconsumed(b.ctx, b.db, now, grace, time.Minute)
+	got, err := ops.Unconsumed(b.ctx, b.db, now, grace, time.Minute)
 	if err != nil || got["late"] != 1 {
 		t.Fatalf("Unconsumed = %v, %v; want late: 1 (no consumer announced itself)", got, err)
 	}

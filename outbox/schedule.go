@@ -13,34 +13,14 @@ import (
 	"github.com/delaybridge/delaybridge/internal/store"
 )
 
-// Outbox writes and changes tasks under one Config. The package-level
-// functions use the default Config.
-type Outbox struct {
-	cfg Config
+// writer writes and changes tasks under one config. The package-level
+// functions use the default limits; tests set others.
+type writer struct {
+	cfg config
 }
 
-// New returns an Outbox with cfg's limits.
-func New(cfg Config) *Outbox { return &Outbox{cfg: cfg.withDefaults()} }
-
-// Schedule writes t with the default Config. See Outbox.Schedule.
-func Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
-	return New(Config{}).Schedule(ctx, q, t)
-}
-
-// Cancel cancels a task with the default Config. See Outbox.Cancel.
-func Cancel(ctx context.Context, q Querier, topic, key string) error {
-	return New(Config{}).Cancel(ctx, q, topic, key)
-}
-
-// Reschedule moves a task with the default Config. See Outbox.Reschedule.
-func Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
-	return New(Config{}).Reschedule(ctx, q, topic, key, due)
-}
-
-// Get reads a task. It returns ErrNotFound when there is none.
-func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
-	return New(Config{}).Get(ctx, q, topic, key)
-}
+// newWriter returns a writer with cfg's limits.
+func newWriter(cfg config) *writer { return &writer{cfg: cfg.withDefaults()} }
 
 // Schedule writes t as a pending task and returns its id. Pass the caller's
 // transaction: the task then exists exactly when the caller's own writes
@@ -54,7 +34,38 @@ func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 // see. Use Reschedule to move a task that is not finished; a finished one
 // keeps its (topic, key) until the cleaner deletes its row, so something
 // that recurs takes a key per occurrence.
-func (o *Outbox) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
+func Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
+	return newWriter(config{}).Schedule(ctx, q, t)
+}
+
+// Cancel marks a pending, published or dead task cancelled, so its message,
+// if one is in flight, is skipped by Handle. Cancelling a cancelled task is
+// a no-op; a done task returns ErrFinished (the handler won the race); a
+// missing one returns ErrNotFound.
+//
+// Called in the same transaction as a business update (pay an order), it
+// locks the task row; do it before touching the business row, because Handle
+// locks the task first and the business row second, and the same order
+// everywhere avoids deadlocks.
+func Cancel(ctx context.Context, q Querier, topic, key string) error {
+	return newWriter(config{}).Cancel(ctx, q, topic, key)
+}
+
+// Reschedule moves a not yet finished task to due. It bumps the generation,
+// so a message already in a broker for the old time is skipped by Handle,
+// and puts the task back to pending for the relay to publish anew. Done and
+// cancelled tasks return ErrFinished; missing ones ErrNotFound.
+func Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
+	return newWriter(config{}).Reschedule(ctx, q, topic, key, due)
+}
+
+// Get reads the task (topic, key), or returns ErrNotFound.
+func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
+	return newWriter(config{}).Get(ctx, q, topic, key)
+}
+
+// Schedule is the package's Schedule under o's limits.
+func (o *writer) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
 	if err := checkQuerier("Schedule", q); err != nil {
 		return 0, err
 	}
@@ -88,12 +99,6 @@ VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
 	return res.LastInsertId()
 }
 
-// ScheduleMany writes tasks as pending tasks with the default Config. See
-// Outbox.ScheduleMany.
-func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
-	return New(Config{}).ScheduleMany(ctx, q, tasks)
-}
-
 // ScheduleMany is Schedule for many tasks at once, in multi-row INSERTs of
 // at most scheduleManyRows rows or scheduleManyBytes payload bytes each:
 // one round trip writes hundreds of tasks, for a transaction that creates
@@ -104,7 +109,12 @@ func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 // is written. One that already has a task returns ErrDuplicate from the
 // statement that meets it: pass q a transaction and roll it back then, as
 // the statements before the failing one did write.
-func (o *Outbox) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
+func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
+	return newWriter(config{}).ScheduleMany(ctx, q, tasks)
+}
+
+// ScheduleMany is the package's ScheduleMany under o's limits.
+func (o *writer) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 	if err := checkQuerier("ScheduleMany", q); err != nil {
 		return err
 	}
@@ -170,16 +180,8 @@ const (
 	scheduleManyBytes = 4 << 20
 )
 
-// Cancel marks a pending, published or dead task cancelled, so its message,
-// if one is in flight, is skipped by Handle. Cancelling a cancelled task is
-// a no-op; a done task returns ErrFinished (the handler won the race); a
-// missing one returns ErrNotFound.
-//
-// Called in the same transaction as a business update (pay an order), it
-// locks the task row; do it before touching the business row, because Handle
-// locks the task first and the business row second, and the same order
-// everywhere avoids deadlocks.
-func (o *Outbox) Cancel(ctx context.Context, q Querier, topic, key string) error {
+// Cancel is the package's Cancel under o's limits.
+func (o *writer) Cancel(ctx context.Context, q Querier, topic, key string) error {
 	if err := checkCall("Cancel", q, topic, key); err != nil {
 		return err
 	}
@@ -202,11 +204,8 @@ WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`,
 	return fmt.Errorf("%w: %s/%s is %s", ErrFinished, topic, key, st)
 }
 
-// Reschedule moves a not yet finished task to due. It bumps the generation,
-// so a message already in a broker for the old time is skipped by Handle,
-// and puts the task back to pending for the relay to publish anew. Done and
-// cancelled tasks return ErrFinished; missing ones ErrNotFound.
-func (o *Outbox) Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
+// Reschedule is the package's Reschedule under o's limits.
+func (o *writer) Reschedule(ctx context.Context, q Querier, topic, key string, due time.Time) error {
 	if err := checkCall("Reschedule", q, topic, key); err != nil {
 		return err
 	}
@@ -232,7 +231,7 @@ WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`,
 	return fmt.Errorf("%w: %s/%s is %s", ErrFinished, topic, key, st)
 }
 
-func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State, error) {
+func (o *writer) state(ctx context.Context, q Querier, topic, key string) (State, error) {
 	var st string
 	err := q.QueryRowContext(ctx, "SELECT state FROM delay_task WHERE topic = ? AND task_key = ?", topic, []byte(key)).Scan(&st)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -244,16 +243,12 @@ func (o *Outbox) state(ctx context.Context, q Querier, topic, key string) (State
 	return State(st), nil
 }
 
-// selectInfo lists the columns scanInfo reads.
-const selectInfo = `SELECT id, topic, task_key, due_ms, payload, headers, trace, state, generation,
-  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
-
-// Get reads the task (topic, key), or returns ErrNotFound.
-func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
+// Get is the package's Get under o's limits.
+func (o *writer) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	if err := checkCall("Get", q, topic, key); err != nil {
 		return nil, err
 	}
-	row := q.QueryRowContext(ctx, selectInfo+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
+	row := q.QueryRowContext(ctx, store.SelectTask+" WHERE topic = ? AND task_key = ?", topic, []byte(key))
 	info, err := scanInfo(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s/%q", ErrNotFound, topic, key)
@@ -261,41 +256,18 @@ func (o *Outbox) Get(ctx context.Context, q Querier, topic, key string) (*TaskIn
 	return info, err
 }
 
-type scanner interface{ Scan(dest ...any) error }
-
-func scanInfo(s scanner) (*TaskInfo, error) {
-	var (
-		i                       TaskInfo
-		key                     []byte
-		dueMS, createdMS, updMS int64
-		headers, trace, lastErr sql.NullString
-		publishedMS, doneMS     sql.NullInt64
-		state                   string
-	)
-	if err := s.Scan(&i.ID, &i.Task.Topic, &key, &dueMS, &i.Task.Payload, &headers, &trace, &state, &i.Generation,
-		&i.PublishAttempts, &i.Attempts, &i.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
+// scanInfo reads a row of store.SelectTask or store.SelectTaskRow.
+func scanInfo(s store.Scanner) (*TaskInfo, error) {
+	r, err := store.ScanTask(s)
+	if err != nil {
 		return nil, err
 	}
-	i.Task.Key = string(key)
-	i.Task.DueAt = msTime(dueMS)
-	i.Task.Trace = trace.String
-	if headers.Valid {
-		// Lenient: a column another producer wrote ({"tenant":1}, or no
-		// JSON at all) never fails a read or a list; what no broker
-		// carries is left out.
-		i.Task.Headers, _ = store.DecodeHeaders(headers.String)
-	}
-	i.State = State(state)
-	i.LastError = lastErr.String
-	i.CreatedAt, i.UpdatedAt = msTime(createdMS), msTime(updMS)
-	// 0 (NULL before migration 2) means not yet.
-	if publishedMS.Valid && publishedMS.Int64 != 0 {
-		i.PublishedAt = msTime(publishedMS.Int64)
-	}
-	if doneMS.Valid && doneMS.Int64 != 0 {
-		i.DoneAt = msTime(doneMS.Int64)
-	}
-	return &i, nil
+	return infoOf(r), nil
 }
 
-func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+// infoOf is r as a TaskInfo.
+func infoOf(r *store.TaskRow) *TaskInfo {
+	return &TaskInfo{ID: r.ID, Task: Task{Topic: r.Topic, Key: r.Key, DueAt: r.DueAt, Payload: r.Payload, Headers: r.Headers, Trace: r.Trace},
+		State: State(r.State), Generation: r.Generation, PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues,
+		LastError: r.LastError, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, PublishedAt: r.PublishedAt, DoneAt: r.DoneAt}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -41,7 +42,7 @@ func BenchmarkStats(b *testing.B) {
 	})
 	b.Run("ReadStats/status", func(b *testing.B) {
 		for b.Loop() {
-			st, err := outbox.ReadStats(ctx, db, time.Now(), 30*time.Second, 10*time.Minute)
+			st, err := ops.ReadStats(ctx, db, time.Now(), 30*time.Second, 10*time.Minute)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -52,14 +53,14 @@ func BenchmarkStats(b *testing.B) {
 	})
 	b.Run("ReadStats/metrics", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := outbox.ReadStats(ctx, db, time.Now(), 30*time.Second, 0); err != nil {
+			if _, err := ops.ReadStats(ctx, db, time.Now(), 30*time.Second, 0); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("CountStats", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := outbox.CountStats(ctx, db, time.Now(), 30*time.Second, 10*time.Minute); err != nil {
+			if _, err := ops.CountStats(ctx, db, time.Now(), 30*time.Second, 10*time.Minute); err != nil {
 				b.Fatal(err)
 			}
 		}

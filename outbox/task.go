@@ -39,7 +39,7 @@ var (
 	ErrFinished = errors.New("outbox: task already finished")
 	// ErrNotDead: Replay found the task in a state other than dead.
 	ErrNotDead = errors.New("outbox: task is not dead")
-	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayload.
+	// ErrPayloadTooLarge: the payload exceeds DefaultMaxPayload.
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidDue: the due time is zero.
 	ErrInvalidDue = errors.New("outbox: invalid due time")
@@ -80,11 +80,12 @@ type TaskInfo struct {
 	DoneAt          time.Time // zero until done
 }
 
-// Config bounds what Schedule accepts. Its zero value means the defaults.
-type Config struct {
+// config bounds what Schedule accepts. Its zero value means the defaults;
+// only tests set others.
+type config struct {
 	// MaxPayload is the largest payload in bytes. Default 256 KiB, well
 	// under RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB. A value
-	// above MaxPayloadCeiling means MaxPayloadCeiling.
+	// above maxPayloadCeiling means maxPayloadCeiling.
 	MaxPayload int
 	// MaxDelay is the furthest due time accepted, from now. Default
 	// DefaultMaxDelay, 10 years (a consumer accepts a day more, for clock
@@ -94,24 +95,27 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Defaults for Config.
+// The limits Schedule applies: the largest payload in bytes (well under
+// RocketMQ's 4 MiB message limit and MEDIUMBLOB's 16 MiB), and the furthest
+// due time from now (a consumer accepts a day more, for clock skew:
+// broker.DefaultMaxDelay).
 const (
 	DefaultMaxPayload = 256 << 10
 	DefaultMaxDelay   = 10 * 365 * 24 * time.Hour
 )
 
-// MaxPayloadCeiling is the largest MaxPayload takes effect: RocketMQ's
+// maxPayloadCeiling is the largest MaxPayload takes effect: RocketMQ's
 // default body limit of 4 MiB less 64 KiB, room for the client's
 // compression of an incompressible body to grow it a little. RabbitMQ and
 // the payload column (MEDIUMBLOB, 16 MiB) take more; a task must be able to
 // travel through either broker.
-const MaxPayloadCeiling = 4<<20 - 64<<10
+const maxPayloadCeiling = 4<<20 - 64<<10
 
-func (c Config) withDefaults() Config {
+func (c config) withDefaults() config {
 	if c.MaxPayload <= 0 {
 		c.MaxPayload = DefaultMaxPayload
 	}
-	c.MaxPayload = min(c.MaxPayload, MaxPayloadCeiling)
+	c.MaxPayload = min(c.MaxPayload, maxPayloadCeiling)
 	if c.MaxDelay <= 0 {
 		c.MaxDelay = DefaultMaxDelay
 	}
@@ -131,7 +135,7 @@ type Querier interface {
 }
 
 // validate checks t against the config before anything is written.
-func (c Config) validate(t *Task) error {
+func (c config) validate(t *Task) error {
 	if err := broker.ValidateTopic(t.Topic); err != nil {
 		return err
 	}
@@ -148,7 +152,7 @@ func (c Config) validate(t *Task) error {
 	return m.Validate()
 }
 
-func (c Config) validateDue(due time.Time) error {
+func (c config) validateDue(due time.Time) error {
 	if due.IsZero() {
 		return fmt.Errorf("%w: zero", ErrInvalidDue)
 	}
@@ -176,7 +180,7 @@ func inList(n int) string { return store.InList(n) }
 
 // ErrNoQuerier is returned, wrapped, by a call given no transaction or
 // database (a nil Querier, or a nil *sql.Tx, *sql.DB or *sql.Conn in one).
-var ErrNoQuerier = errors.New("outbox: no transaction or database given")
+var ErrNoQuerier = store.ErrNoQuerier
 
 // checkCall refuses a nil querier, naming the call, and a topic or key no
 // task can have (checked as Schedule checks them), before any query.
@@ -193,26 +197,5 @@ func checkCall(call string, q Querier, topic, key string) error {
 	return nil
 }
 
-// isNilQuerier reports whether q is nil or a nil pointer of the database
-// types a caller passes.
-func isNilQuerier(q Querier) bool {
-	switch v := q.(type) {
-	case nil:
-		return true
-	case *sql.Tx:
-		return v == nil
-	case *sql.DB:
-		return v == nil
-	case *sql.Conn:
-		return v == nil
-	}
-	return false
-}
-
 // checkQuerier refuses a nil querier, naming the call.
-func checkQuerier(call string, q Querier) error {
-	if isNilQuerier(q) {
-		return fmt.Errorf("%w to %s", ErrNoQuerier, call)
-	}
-	return nil
-}
+func checkQuerier(call string, q Querier) error { return store.CheckQuerier(call, q) }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -44,8 +45,8 @@ func TestCalls_WithoutATransactionOrDatabaseAreErrors(t *testing.T) {
 		_, calls["Get"] = outbox.Get(ctx, q, "t", "k")
 		_, calls["Overdue"] = outbox.Overdue(ctx, q, "t", "k")
 		calls["Replay"] = outbox.Replay(ctx, q, "t", "k")
-		_, calls["ListDead"] = outbox.ListDead(ctx, q, 10)
-		_, calls["Search"] = outbox.Search(ctx, q, outbox.SearchQuery{})
+		_, calls["ListDead"] = ops.ListDead(ctx, q, 10)
+		_, calls["Search"] = ops.Search(ctx, q, ops.SearchQuery{})
 		for call, err := range calls {
 			if !errors.Is(err, outbox.ErrNoQuerier) {
 				t.Errorf("%s with %T(nil): err = %v, want ErrNoQuerier", call, q, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -41,7 +42,7 @@ func newDeadCmd(a *app) *cobra.Command {
 			return nil
 		},
 		RunE: a.outboxRun(func(ctx context.Context, db *sql.DB, _ []string) error {
-			dead, err := outbox.ListDead(ctx, db, limit)
+			dead, err := ops.ListDead(ctx, db, limit)
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -17,7 +18,7 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		return
 	}
 	defer db.Close()
-	d, err := outbox.InspectDatabase(ctx, db)
+	d, err := ops.InspectDatabase(ctx, db)
 	if err != nil {
 		r.fail("database: %v", err)
 		return
@@ -42,7 +43,7 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 		if unsafe != nil {
 			break
 		}
-		if err := outbox.ProbeSkipLocked(ctx, db); err != nil {
+		if err := ops.ProbeSkipLocked(ctx, db); err != nil {
 			r.fail("database %s: %v", d, err)
 		} else {
 			r.ok("database %s: FOR UPDATE SKIP LOCKED skips a row another connection holds (probed)%s", d, binlogNote(d))
@@ -68,7 +69,7 @@ func checkDatabase(ctx context.Context, a *app, r *report) {
 // logs it), and pending tasks past due warn, more loudly with no live
 // relay.
 func checkProcesses(ctx context.Context, db *sql.DB, r *report) {
-	st, err := outbox.ReadStats(ctx, db, time.Now(), doctorGrace, 0)
+	st, err := ops.ReadStats(ctx, db, time.Now(), doctorGrace, 0)
 	if err != nil {
 		r.warn("live processes: %v", err)
 		return
@@ -133,7 +134,7 @@ func isLoopback(host string) bool {
 }
 
 // binlogNote says what doctor found about the binary log.
-func binlogNote(d outbox.Database) string {
+func binlogNote(d ops.Database) string {
 	if !d.BinlogOn {
 		return "; binary log off"
 	}

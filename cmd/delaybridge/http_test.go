@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -22,7 +23,7 @@ func TestOutboxCollector_ConcurrentScrapesShareOneRead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
 		var reads, running, most atomic.Int32
-		c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
+		c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(ctx context.Context, now time.Time) (*ops.Stats, error) {
 			reads.Add(1)
 			n := running.Add(1)
 			defer running.Add(-1)
@@ -30,7 +31,7 @@ func TestOutboxCollector_ConcurrentScrapesShareOneRead(t *testing.T) {
 				most.Store(n)
 			}
 			<-gate
-			return &outbox.Stats{Dead: 7}, nil
+			return &ops.Stats{Dead: 7}, nil
 		}}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(c)
@@ -100,16 +101,16 @@ func TestListenHTTP_WarnsOnlyBeyondLoopback(t *testing.T) {
 func TestOutboxCollector_ExportsCountsWithTheirAgeOrNotAtAll(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		st       *outbox.Stats
+		st       *ops.Stats
 		wantAge  float64
 		wantSeen bool
 	}{
-		{"no summary yet", &outbox.Stats{Backlog: map[outbox.State]map[string]int{}, Overdue: 2}, 0, false},
-		{"a 90s old summary", &outbox.Stats{Backlog: map[outbox.State]map[string]int{outbox.StatePending: {"t": 5}},
+		{"no summary yet", &ops.Stats{Backlog: map[outbox.State]map[string]int{}, Overdue: 2}, 0, false},
+		{"a 90s old summary", &ops.Stats{Backlog: map[outbox.State]map[string]int{outbox.StatePending: {"t": 5}},
 			CountsAt: time.Now().Add(-90 * time.Second), CountsAge: 90 * time.Second}, 90, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(context.Context, time.Time) (*outbox.Stats, error) { return tc.st, nil }}
+			c := &outboxCollector{log: slog.New(slog.DiscardHandler), read: func(context.Context, time.Time) (*ops.Stats, error) { return tc.st, nil }}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(c)
 			mfs, err := reg.Gather()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -136,7 +137,7 @@ func TestStatus_JSONCountsBacklogAndLateness(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var st outbox.Stats
+	var st ops.Stats
 	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestStatus_ReadsTheSummaryAndSaysHowOld(t *testing.T) {
 	}
 	schedule("since")
 
-	var st outbox.Stats
+	var st ops.Stats
 	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--mysql-dsn", dsn)), &st); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -44,8 +45,8 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		// No lateness window: the consumers export lateness themselves.
-		read := func(ctx context.Context, now time.Time) (*outbox.Stats, error) {
-			return outbox.ReadStats(ctx, db, now, grace, 0)
+		read := func(ctx context.Context, now time.Time) (*ops.Stats, error) {
+			return ops.ReadStats(ctx, db, now, grace, 0)
 		}
 		m.outbox = &outboxCollector{read: read, log: log, maxTopics: maxTopicSeries}
 		m.unconsumed = &unconsumedCollector{db: db, grace: grace, log: log, maxTopics: &m.outbox.maxTopics}
@@ -62,7 +63,7 @@ func newMetrics(db *sql.DB, grace time.Duration, log *slog.Logger) *metrics {
 // reports its result, so concurrent scrapes cost the database one set of
 // queries, not one each.
 type outboxCollector struct {
-	read func(ctx context.Context, now time.Time) (*outbox.Stats, error)
+	read func(ctx context.Context, now time.Time) (*ops.Stats, error)
 	log  *slog.Logger
 	// maxTopics bounds the topic series per state (run --metrics-topics).
 	maxTopics int
@@ -76,7 +77,7 @@ type outboxCollector struct {
 type statsRead struct {
 	done chan struct{}
 	now  time.Time
-	st   *outbox.Stats
+	st   *ops.Stats
 	err  error
 }
 
@@ -223,5 +224,5 @@ func (c *presenceCollector) Collect(ch chan<- prometheus.Metric) {
 	for role, k := range n {
 		ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(k), string(role))
 	}
-	ch <- prometheus.MustNewConstMetric(descMismatches, prometheus.GaugeValue, float64(len(outbox.TopologyMismatches(live))))
+	ch <- prometheus.MustNewConstMetric(descMismatches, prometheus.GaugeValue, float64(len(ops.TopologyMismatches(live))))
 }

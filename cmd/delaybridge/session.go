@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -23,7 +24,7 @@ func (a *app) openSession(ctx context.Context, bf *brokerFlags, migrate, withSub
 	if migrate {
 		_, err = outbox.Migrate(ctx, db)
 	} else {
-		_, err = outbox.CheckDatabase(ctx, db)
+		_, err = ops.CheckDatabase(ctx, db)
 	}
 	if err != nil {
 		db.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -115,7 +116,7 @@ func TestStatusAndDoctor_CoverEveryShardAndNameIt(t *testing.T) {
 	for dec.More() {
 		var st struct {
 			Shard string
-			outbox.Stats
+			ops.Stats
 		}
 		if err := dec.Decode(&st); err != nil {
 			t.Fatalf("%v in\n%s", err, out)

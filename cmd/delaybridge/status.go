@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -61,21 +62,21 @@ naming it. A shard it cannot read is reported and the others still are.`,
 		},
 		RunE: a.shardRun(&sf, func(ctx context.Context, db *sql.DB, _ []string) error {
 			now := time.Now()
-			var st *outbox.Stats
+			var st *ops.Stats
 			var err error
 			if !live {
-				if st, err = outbox.ReadStats(ctx, db, now, grace, window); err != nil {
+				if st, err = ops.ReadStats(ctx, db, now, grace, window); err != nil {
 					return err
 				}
 			}
 			// No summary yet (no daemon has run): count once, whatever it
 			// costs, rather than show nothing.
 			if live || st.CountsAt.IsZero() {
-				if st, err = outbox.CountStats(ctx, db, now, grace, window); err != nil {
+				if st, err = ops.CountStats(ctx, db, now, grace, window); err != nil {
 					return err
 				}
 			}
-			unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, cli.PresenceExpiry)
+			unconsumed, err := ops.Unconsumed(ctx, db, now, grace, cli.PresenceExpiry)
 			if err != nil {
 				return err
 			}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/ops"
 )
 
 // topology is the broker topology these flags configure, as the presence
@@ -23,7 +23,7 @@ var descUnconsumed = prometheus.NewDesc("delaybridge_outbox_unconsumed_overdue_t
 	"Published tasks overdue by more than the grace, of topics no live consumer announced itself for (a consumer with another prefix or group, or none). Counted among the oldest 10,000 overdue tasks.",
 	[]string{"topic"}, nil)
 
-// unconsumedCollector exports outbox.Unconsumed at scrape time: one
+// unconsumedCollector exports ops.Unconsumed at scrape time: one
 // bounded range of the (state, due_ms) index and the small presence table.
 type unconsumedCollector struct {
 	db        *sql.DB
@@ -37,7 +37,7 @@ func (c *unconsumedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descU
 func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	topics, err := outbox.Unconsumed(ctx, c.db, time.Now(), c.grace, cli.PresenceExpiry)
+	topics, err := ops.Unconsumed(ctx, c.db, time.Now(), c.grace, cli.PresenceExpiry)
 	if err != nil {
 		// delaybridge_outbox_up already reports an unreadable outbox.
 		c.log.Warn("delaybridge metrics: reading unconsumed topics failed", "err", err)
@@ -52,6 +52,6 @@ func (c *unconsumedCollector) Collect(ch chan<- prometheus.Metric) {
 // without a live consumer.
 type statusJSON struct {
 	Shard string `json:"shard,omitempty"`
-	*outbox.Stats
+	*ops.Stats
 	Unconsumed map[string]int `json:"unconsumed_overdue"`
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -201,15 +202,15 @@ func (s *Service) CancelIfUnpaid(ctx context.Context, id string) error {
 
 // Report is what the demo checks at the end.
 type Report struct {
-	Orders           int             `json:"orders"`
-	Paid             int             `json:"paid"`
-	Cancelled        int             `json:"cancelled"`
-	WronglyCancelled int             `json:"wrongly_cancelled"`
-	LeftUnpaid       int             `json:"left_unpaid"`
-	Early            int             `json:"early"`
-	StockOK          bool            `json:"stock_ok"`
-	Lateness         outbox.Lateness `json:"lateness_ms"`
-	CancelledBy      map[string]int  `json:"cancelled_by"`
+	Orders           int            `json:"orders"`
+	Paid             int            `json:"paid"`
+	Cancelled        int            `json:"cancelled"`
+	WronglyCancelled int            `json:"wrongly_cancelled"`
+	LeftUnpaid       int            `json:"left_unpaid"`
+	Early            int            `json:"early"`
+	StockOK          bool           `json:"stock_ok"`
+	Lateness         ops.Lateness   `json:"lateness_ms"`
+	CancelledBy      map[string]int `json:"cancelled_by"`
 }
 
 // Check reads the orders and proves the invariants: no order both paid and
@@ -259,7 +260,7 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 		late = append(late, l)
 		r.CancelledBy[by]++
 	}
-	r.Lateness = outbox.Lateness(percentile.Summarize(late))
+	r.Lateness = ops.Lateness(percentile.Summarize(late))
 	return r, rows.Err()
 }
 

@@ -1,11 +1,11 @@
 // Package percentile summarises latency samples for the demo, the bench
-// and outbox's lateness figures.
+// and the operator's lateness figures (internal/ops).
 package percentile
 
 import "slices"
 
 // Summary is the count, nearest-rank percentiles and maximum of samples
-// (milliseconds). It has the fields of outbox.Lateness, which converts
+// (milliseconds). It has the fields of ops.Lateness, which converts
 // from it.
 type Summary struct {
 	Count int   `json:"count"`

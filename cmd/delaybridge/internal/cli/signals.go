@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -31,7 +32,7 @@ func PrintUnconsumed(w io.Writer, topics map[string]int) {
 	// The check reads the oldest UnconsumedScan overdue tasks only: when it
 	// saw that many, each count may be short.
 	atLeast := ""
-	if total >= outbox.UnconsumedScan {
+	if total >= ops.UnconsumedScan {
 		atLeast = "at least "
 	}
 	for _, t := range names {
@@ -39,7 +40,7 @@ func PrintUnconsumed(w io.Writer, topics map[string]int) {
 			Printable(t), atLeast, topics[t])
 	}
 	if atLeast != "" {
-		fmt.Fprintf(w, "(these counts come from the oldest %d overdue tasks only)\n", outbox.UnconsumedScan)
+		fmt.Fprintf(w, "(these counts come from the oldest %d overdue tasks only)\n", ops.UnconsumedScan)
 	}
 }
 
@@ -55,17 +56,17 @@ type Processes struct {
 	OverduePending int `json:"-"`
 	// NoRelay is set when pending tasks are past due and no relay is live.
 	NoRelay bool `json:"no_live_relay"`
-	// Mismatches are outbox.TopologyMismatches of the live Processes.
+	// Mismatches are ops.TopologyMismatches of the live Processes.
 	Mismatches []string `json:"topology_mismatches"`
 }
 
 // ReadProcesses reads the live presences and weighs them against st.
-func ReadProcesses(ctx context.Context, q outbox.Querier, st *outbox.Stats) (Processes, error) {
+func ReadProcesses(ctx context.Context, q outbox.Querier, st *ops.Stats) (Processes, error) {
 	live, err := outbox.LivePresences(ctx, q, PresenceExpiry)
 	if err != nil {
 		return Processes{}, err
 	}
-	p := Processes{OverduePending: st.OverduePending, Mismatches: outbox.TopologyMismatches(live)}
+	p := Processes{OverduePending: st.OverduePending, Mismatches: ops.TopologyMismatches(live)}
 	if p.Mismatches == nil {
 		p.Mismatches = []string{}
 	}
@@ -101,8 +102,8 @@ func (p Processes) Lines() []string {
 // with overdue tasks and no live consumer, pending tasks past due with no
 // relay (or a relay behind), and live processes whose broker topologies
 // differ.
-func Signals(ctx context.Context, db outbox.Querier, st *outbox.Stats, now time.Time, grace time.Duration) ([]string, error) {
-	unconsumed, err := outbox.Unconsumed(ctx, db, now, grace, PresenceExpiry)
+func Signals(ctx context.Context, db outbox.Querier, st *ops.Stats, now time.Time, grace time.Duration) ([]string, error) {
+	unconsumed, err := ops.Unconsumed(ctx, db, now, grace, PresenceExpiry)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -120,7 +121,7 @@ func actOn(ctx context.Context, db *sql.DB, id int64, fn func(ctx context.Contex
 		return "", err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	topic, key, err := outbox.LockByID(ctx, tx, id)
+	topic, key, err := ops.LockByID(ctx, tx, id)
 	if err != nil {
 		return "", err
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/ops"
 )
 
 // The overview's charts are inline SVG laid out here and drawn by the
@@ -66,7 +66,7 @@ type lineChart struct {
 	Empty             bool
 }
 
-func newLatenessChart(ls []outbox.Lateness, label func(i int) string) lineChart {
+func newLatenessChart(ls []ops.Lateness, label func(i int) string) lineChart {
 	c := lineChart{W: chartW, H: chartH, PadL: chartPadL, PlotH: chartH - chartPadB, Empty: true}
 	for _, l := range ls {
 		if l.Count > 0 {
@@ -86,11 +86,11 @@ func newLatenessChart(ls []outbox.Lateness, label func(i int) string) lineChart 
 	}
 	for _, s := range []struct {
 		name, class string
-		pick        func(outbox.Lateness) int64
+		pick        func(ops.Lateness) int64
 	}{
-		{"p50", "p50", func(l outbox.Lateness) int64 { return l.P50 }},
-		{"p90", "p90", func(l outbox.Lateness) int64 { return l.P90 }},
-		{"p99", "p99", func(l outbox.Lateness) int64 { return l.P99 }},
+		{"p50", "p50", func(l ops.Lateness) int64 { return l.P50 }},
+		{"p90", "p90", func(l ops.Lateness) int64 { return l.P90 }},
+		{"p99", "p99", func(l ops.Lateness) int64 { return l.P99 }},
 	} {
 		var pts []string
 		for i, l := range ls {

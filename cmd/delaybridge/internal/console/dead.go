@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -22,7 +23,7 @@ type deadData struct {
 	Counted bool
 	// Shard is the shard shown, "" on an unsharded console.
 	Shard string
-	Page  *outbox.SearchPage
+	Page  *ops.SearchPage
 	Next  string
 }
 
@@ -41,8 +42,8 @@ func (c *console) dead(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	page, err := outbox.Search(ctx, sh.db, outbox.SearchQuery{State: outbox.StateDead, After: after, Limit: 100})
-	if errors.Is(err, outbox.ErrBadSearch) {
+	page, err := ops.Search(ctx, sh.db, ops.SearchQuery{State: outbox.StateDead, After: after, Limit: 100})
+	if errors.Is(err, ops.ErrBadSearch) {
 		c.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
@@ -50,7 +51,7 @@ func (c *console) dead(w http.ResponseWriter, r *http.Request) {
 		c.failOn(w, r, sh, err)
 		return
 	}
-	st, err := outbox.ReadStats(ctx, sh.db, c.now(), c.grace, 0)
+	st, err := ops.ReadStats(ctx, sh.db, c.now(), c.grace, 0)
 	if err != nil {
 		c.failOn(w, r, sh, err)
 		return

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -50,7 +51,7 @@ func TestPlannedHops_RocketTimerLastHopIsAPrecisionShort(t *testing.T) {
 	env := testEnv(t, "", io.Discard, "--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s")
 	now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
 	c := &console{env: env, now: func() time.Time { return now }}
-	d := &outbox.Detail{}
+	d := &ops.Detail{}
 	d.State = outbox.StatePending
 	d.Task.DueAt = now.Add(90 * time.Minute)
 	var got []string

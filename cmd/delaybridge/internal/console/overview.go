@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -21,15 +22,15 @@ type backlogRow struct {
 
 type overviewData struct {
 	Now       time.Time
-	Stats     *outbox.Stats
+	Stats     *ops.Stats
 	Grace     time.Duration
 	Backlog   []backlogRow
 	Due       barChart
 	DueTotal  int
 	Lateness  lineChart
 	LateRows  []latenessRow
-	RescDone  outbox.RescueSample
-	RescPub   outbox.RescueSample
+	RescDone  ops.RescueSample
+	RescPub   ops.RescueSample
 	HasCounts bool
 	// Signals say what is stuck for want of a process, as status says
 	// it: NO CONSUMER, NO RELAY, RELAY BEHIND, TOPOLOGY MISMATCH.
@@ -38,7 +39,7 @@ type overviewData struct {
 
 type latenessRow struct {
 	From, To time.Time
-	L        outbox.Lateness
+	L        ops.Lateness
 }
 
 // overviewBuckets splits the hour ahead and the hour behind into 5-minute
@@ -159,7 +160,7 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 }
 
 func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.Time) (*overviewData, error) {
-	st, err := outbox.ReadStats(ctx, db, now, c.grace, time.Hour)
+	st, err := ops.ReadStats(ctx, db, now, c.grace, time.Hour)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +191,7 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 	}
 	slices.SortFunc(d.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
 
-	due, err := outbox.DueCounts(ctx, db, now, time.Hour, overviewBuckets)
+	due, err := ops.DueCounts(ctx, db, now, time.Hour, overviewBuckets)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +199,7 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		d.DueTotal += n
 	}
 	d.Due = newBarChart(due, func(i int) string { return fmt.Sprintf("+%dm", i*60/overviewBuckets) })
-	late, err := outbox.LatenessSeries(ctx, db, now, time.Hour, overviewBuckets)
+	late, err := ops.LatenessSeries(ctx, db, now, time.Hour, overviewBuckets)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +209,7 @@ func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.
 		d.LateRows = append(d.LateRows, latenessRow{From: from, To: from.Add(width), L: l})
 	}
 	d.Lateness = newLatenessChart(late, func(i int) string { return fmt.Sprintf("-%dm", 60-i*60/overviewBuckets) })
-	if d.RescDone, d.RescPub, err = outbox.Rescues(ctx, db, now, time.Hour); err != nil {
+	if d.RescDone, d.RescPub, err = ops.Rescues(ctx, db, now, time.Hour); err != nil {
 		return nil, err
 	}
 	return d, nil

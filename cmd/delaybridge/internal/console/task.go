@@ -12,6 +12,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rocket"
 )
@@ -23,7 +24,7 @@ type event struct {
 
 type taskData struct {
 	Now      time.Time
-	T        *outbox.Detail
+	T        *ops.Detail
 	Reveal   bool
 	Key      string
 	Payload  string
@@ -50,7 +51,7 @@ func (c *console) task(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	t, err := outbox.GetByID(ctx, sh.db, id)
+	t, err := ops.GetByID(ctx, sh.db, id)
 	if errors.Is(err, outbox.ErrNotFound) {
 		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no task %d%s (finished tasks are deleted after their retention)", id, inShard(sh)))
 		return
@@ -109,7 +110,7 @@ func actionsFor(st outbox.State) []string {
 // timeline derives a task's history from its row alone: nothing on the
 // hot path writes history, so only the latest of each kind of event is
 // known, and the page says so.
-func timeline(t *outbox.Detail, now time.Time) []event {
+func timeline(t *ops.Detail, now time.Time) []event {
 	ev := []event{{t.CreatedAt, "scheduled: written to the outbox"}}
 	if t.Generation > 0 {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("generation %d: rescheduled or replayed %d time(s); a message of an older generation is skipped", t.Generation, t.Generation)})
@@ -193,7 +194,7 @@ func cutText(p []byte, n int) []byte {
 // plannedHops lists the hops the broker limits in effect plan for a task
 // published at its publish time (or now, unpublished) and due at its due
 // time: the broker does not report hops, so they are derived, not observed.
-func (c *console) plannedHops(t *outbox.Detail) []event {
+func (c *console) plannedHops(t *ops.Detail) []event {
 	lim, _, err := brokerLimits(c.env.Broker)
 	if err != nil || t.State == outbox.StateDone || t.State == outbox.StateCancelled {
 		return nil

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -46,7 +47,7 @@ func TestCutText_KeepsValidTextValid(t *testing.T) {
 // found in, and an untimed note stays after the timed event it belongs to.
 func TestTimeline_InTimeOrder(t *testing.T) {
 	now := time.Date(2026, 12, 3, 5, 0, 0, 0, time.UTC)
-	d := &outbox.Detail{}
+	d := &ops.Detail{}
 	d.State = outbox.StatePending
 	d.CreatedAt = now.Add(-time.Minute)
 	d.Task.DueAt = now.Add(10 * time.Minute)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -18,7 +19,7 @@ type tasksData struct {
 	Now    time.Time
 	Form   url.Values
 	States []outbox.State
-	Page   *outbox.SearchPage
+	Page   *ops.SearchPage
 	Next   string
 }
 
@@ -47,8 +48,8 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 	}
 	now := c.now()
 	q := r.URL.Query()
-	d := &tasksData{Now: now, Form: q, States: outbox.States}
-	s := outbox.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state"))}
+	d := &tasksData{Now: now, Form: q, States: ops.States}
+	s := ops.SearchQuery{Topic: strings.TrimSpace(q.Get("topic")), KeyPrefix: q.Get("key"), State: outbox.State(q.Get("state"))}
 	if after := q.Get("after"); after != "" {
 		s.After, err = c.csrf.openCursor(after)
 	}
@@ -67,8 +68,8 @@ func (c *console) tasks(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	page, err := outbox.Search(ctx, sh.db, s)
-	if errors.Is(err, outbox.ErrBadSearch) {
+	page, err := ops.Search(ctx, sh.db, s)
+	if errors.Is(err, ops.ErrBadSearch) {
 		c.render(w, r, "tasks", http.StatusBadRequest, view{Title: "Tasks", Error: err.Error(), Shard: sh.name, Data: d})
 		return
 	}

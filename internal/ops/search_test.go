@@ -1,9 +1,6 @@
-package outbox_test
+package ops_test
 
 import (
-	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,105 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
-
-// explaining is a Querier that runs EXPLAIN on every query it passes on, so
-// a test can check the plan of the very SQL the console runs.
-type explaining struct {
-	t     *testing.T
-	db    *sql.DB
-	plans []plan
-}
-
-type plan struct {
-	query           string
-	typ, key, extra string
-	// indexCond is what the server checks in the index entries before it
-	// reads a row (EXPLAIN FORMAT=JSON's index_condition), and covered
-	// says it reads no row at all (using_index).
-	indexCond string
-	covered   bool
-}
-
-func (e *explaining) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	e.t.Fatalf("a console read wrote: %s", query)
-	return nil, nil
-}
-
-func (e *explaining) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	e.explain(ctx, query, args)
-	return e.db.QueryRowContext(ctx, query, args...)
-}
-
-func (e *explaining) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	e.explain(ctx, query, args)
-	return e.db.QueryContext(ctx, query, args...)
-}
-
-func (e *explaining) explain(ctx context.Context, query string, args []any) {
-	e.t.Helper()
-	rows, err := e.db.QueryContext(ctx, "EXPLAIN "+query, args...)
-	if err != nil {
-		e.t.Fatalf("EXPLAIN %s: %v", query, err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			e.t.Fatal(err)
-		}
-		p := plan{query: query}
-		for i, c := range cols {
-			switch c {
-			case "type":
-				p.typ = vals[i].String
-			case "key":
-				p.key = vals[i].String
-			case "Extra":
-				p.extra = vals[i].String
-			}
-		}
-		e.plans = append(e.plans, p)
-	}
-	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
-	}
-	var doc string
-	if err := e.db.QueryRowContext(ctx, "EXPLAIN FORMAT=JSON "+query, args...).Scan(&doc); err != nil {
-		e.t.Fatalf("EXPLAIN FORMAT=JSON %s: %v", query, err)
-	}
-	var tree any
-	if err := json.Unmarshal([]byte(doc), &tree); err != nil {
-		e.t.Fatalf("EXPLAIN FORMAT=JSON: %v", err)
-	}
-	last := &e.plans[len(e.plans)-1]
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if c, ok := v["index_condition"].(string); ok {
-				last.indexCond += c
-			}
-			if u, ok := v["using_index"].(bool); ok && u {
-				last.covered = true
-			}
-			for _, c := range v {
-				walk(c)
-			}
-		case []any:
-			for _, c := range v {
-				walk(c)
-			}
-		}
-	}
-	walk(tree)
-}
 
 // loadSearchRows writes n tasks over three topics and every state, due one
 // second apart from base, with a few sharing a due millisecond.
@@ -123,7 +25,7 @@ func loadSearchRows(t *testing.T, b *bundle, n int, base time.Time) {
 			due -= 1000 // the same millisecond as the row before
 		}
 		vals = append(vals, "(?, ?, ?, '', ?, ?, ?, ?)")
-		args = append(args, fmt.Sprintf("topic-%d", i%3), fmt.Sprintf("key-%04d", i), due, string(outbox.States[i%len(outbox.States)]), base.UnixMilli(), base.UnixMilli(), i%7)
+		args = append(args, fmt.Sprintf("topic-%d", i%3), fmt.Sprintf("key-%04d", i), due, string(ops.States[i%len(ops.States)]), base.UnixMilli(), base.UnixMilli(), i%7)
 	}
 	if _, err := b.db.ExecContext(b.ctx, "INSERT INTO delay_task (topic, task_key, due_ms, payload, state, created_ms, updated_ms, rescues) VALUES "+strings.Join(vals, ", "), args...); err != nil {
 		t.Fatal(err)
@@ -137,29 +39,29 @@ func loadSearchRows(t *testing.T, b *bundle, n int, base time.Time) {
 // index each must walk.
 func searchShapes(base time.Time) []struct {
 	name  string
-	q     outbox.SearchQuery
+	q     ops.SearchQuery
 	index string
 } {
 	from, to := base.Add(20*time.Second), base.Add(200*time.Second)
 	return []struct {
 		name  string
-		q     outbox.SearchQuery
+		q     ops.SearchQuery
 		index string
 	}{
-		{"everything", outbox.SearchQuery{}, "ix_delay_task_state_due"},
-		{"topic", outbox.SearchQuery{Topic: "topic-1"}, "uk_delay_task_topic_key"},
-		{"topic and key prefix", outbox.SearchQuery{Topic: "topic-1", KeyPrefix: "key-01"}, "uk_delay_task_topic_key"},
-		{"key prefix and state", outbox.SearchQuery{Topic: "topic-2", KeyPrefix: "key-0", State: outbox.StateDead}, "uk_delay_task_topic_key"},
-		{"topic and state", outbox.SearchQuery{Topic: "topic-0", State: outbox.StatePending}, "ix_delay_task_state_due"},
-		{"state", outbox.SearchQuery{State: outbox.StatePublished}, "ix_delay_task_state_due"},
-		{"due window", outbox.SearchQuery{DueFrom: from, DueTo: to}, "ix_delay_task_state_due"},
-		{"state and due window", outbox.SearchQuery{State: outbox.StateDone, DueFrom: from}, "ix_delay_task_state_due"},
-		{"topic, state and due window", outbox.SearchQuery{Topic: "topic-2", State: outbox.StateDead, DueTo: to}, "ix_delay_task_state_due"},
+		{"everything", ops.SearchQuery{}, "ix_delay_task_state_due"},
+		{"topic", ops.SearchQuery{Topic: "topic-1"}, "uk_delay_task_topic_key"},
+		{"topic and key prefix", ops.SearchQuery{Topic: "topic-1", KeyPrefix: "key-01"}, "uk_delay_task_topic_key"},
+		{"key prefix and state", ops.SearchQuery{Topic: "topic-2", KeyPrefix: "key-0", State: outbox.StateDead}, "uk_delay_task_topic_key"},
+		{"topic and state", ops.SearchQuery{Topic: "topic-0", State: outbox.StatePending}, "ix_delay_task_state_due"},
+		{"state", ops.SearchQuery{State: outbox.StatePublished}, "ix_delay_task_state_due"},
+		{"due window", ops.SearchQuery{DueFrom: from, DueTo: to}, "ix_delay_task_state_due"},
+		{"state and due window", ops.SearchQuery{State: outbox.StateDone, DueFrom: from}, "ix_delay_task_state_due"},
+		{"topic, state and due window", ops.SearchQuery{Topic: "topic-2", State: outbox.StateDead, DueTo: to}, "ix_delay_task_state_due"},
 	}
 }
 
 // matches is the reference filter: what a shape's query must return.
-func matches(q outbox.SearchQuery, i *outbox.TaskInfo) bool {
+func matches(q ops.SearchQuery, i *outbox.TaskInfo) bool {
 	return (q.Topic == "" || i.Task.Topic == q.Topic) &&
 		strings.HasPrefix(i.Task.Key, q.KeyPrefix) &&
 		(q.State == "" || i.State == q.State) &&
@@ -172,8 +74,8 @@ func TestSearch_EveryShapeWalksAnIndexWithoutSorting(t *testing.T) {
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	loadSearchRows(t, b, 600, base)
 	for _, sh := range searchShapes(base) {
-		e := &explaining{t: t, db: b.db}
-		page, err := outbox.Search(b.ctx, e, sh.q)
+		e := &testenv.Explaining{T: t, DB: b.db}
+		page, err := ops.Search(b.ctx, e, sh.q)
 		if err != nil {
 			t.Fatalf("%s: %v", sh.name, err)
 		}
@@ -184,22 +86,22 @@ func TestSearch_EveryShapeWalksAnIndexWithoutSorting(t *testing.T) {
 		if page.Next != "" {
 			q := sh.q
 			q.After = page.Next
-			if _, err := outbox.Search(b.ctx, e, q); err != nil {
+			if _, err := ops.Search(b.ctx, e, q); err != nil {
 				t.Fatalf("%s, page 2: %v", sh.name, err)
 			}
 		}
-		if len(e.plans) == 0 {
+		if len(e.Plans) == 0 {
 			t.Fatalf("%s: no query explained", sh.name)
 		}
-		for _, p := range e.plans {
-			if p.key != sh.index || !slices.Contains([]string{"range", "ref", "eq_ref", "const"}, p.typ) ||
-				strings.Contains(p.extra, "filesort") || strings.Contains(p.extra, "temporary") {
-				t.Errorf("%s: EXPLAIN type=%s key=%s extra=%q; want a range or ref of %s without filesort\n%s", sh.name, p.typ, p.key, p.extra, sh.index, p.query)
+		for _, p := range e.Plans {
+			if p.Key != sh.index || !slices.Contains([]string{"range", "ref", "eq_ref", "const"}, p.Type) ||
+				strings.Contains(p.Extra, "filesort") || strings.Contains(p.Extra, "temporary") {
+				t.Errorf("%s: EXPLAIN type=%s key=%s extra=%q; want a range or ref of %s without filesort\n%s", sh.name, p.Type, p.Key, p.Extra, sh.index, p.Query)
 			}
 			// The topic is in the (state, due_ms) index's entries: checked
 			// there, a rare topic costs a walk of entries, not of rows.
-			if sh.index == "ix_delay_task_state_due" && sh.q.Topic != "" && !p.covered && !strings.Contains(p.indexCond, "topic") {
-				t.Errorf("%s: the topic is checked on the rows (index condition %q); want it checked in the index entries\n%s", sh.name, p.indexCond, p.query)
+			if sh.index == "ix_delay_task_state_due" && sh.q.Topic != "" && !p.Covered && !strings.Contains(p.IndexCond, "topic") {
+				t.Errorf("%s: the topic is checked on the rows (index condition %q); want it checked in the index entries\n%s", sh.name, p.IndexCond, p.Query)
 			}
 		}
 	}
@@ -209,7 +111,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 	b := setup(t)
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	loadSearchRows(t, b, 600, base)
-	all, err := outbox.Search(b.ctx, b.db, outbox.SearchQuery{Limit: outbox.MaxSearchLimit})
+	all, err := ops.Search(b.ctx, b.db, ops.SearchQuery{Limit: ops.MaxSearchLimit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +122,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 		if page.Next == "" {
 			break
 		}
-		if page, err = outbox.Search(b.ctx, b.db, outbox.SearchQuery{Limit: outbox.MaxSearchLimit, After: page.Next}); err != nil {
+		if page, err = ops.Search(b.ctx, b.db, ops.SearchQuery{Limit: ops.MaxSearchLimit, After: page.Next}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,7 +140,7 @@ func TestSearch_PagesThroughEveryMatchOnceInOrder(t *testing.T) {
 		q := sh.q
 		q.Limit = 7
 		for pages := 0; ; pages++ {
-			page, err := outbox.Search(b.ctx, b.db, q)
+			page, err := ops.Search(b.ctx, b.db, q)
 			if err != nil {
 				t.Fatalf("%s: %v", sh.name, err)
 			}
@@ -284,7 +186,7 @@ func inOrder(index string, a, b *outbox.TaskInfo) bool {
 func TestSearch_RefusesWhatNoIndexServesAndBadCursors(t *testing.T) {
 	b := setup(t)
 	now := time.Now()
-	for name, q := range map[string]outbox.SearchQuery{
+	for name, q := range map[string]ops.SearchQuery{
 		"key without topic":     {KeyPrefix: "k"},
 		"unknown state":         {State: "running"},
 		"window ends first":     {DueFrom: now, DueTo: now.Add(-time.Minute)},
@@ -293,7 +195,7 @@ func TestSearch_RefusesWhatNoIndexServesAndBadCursors(t *testing.T) {
 		"due cursor, bad id":    {After: "d:1:x"},
 		"id cursor for a state": {Topic: "t", State: outbox.StateDead, After: "i:5"},
 	} {
-		if _, err := outbox.Search(b.ctx, b.db, q); !errors.Is(err, outbox.ErrBadSearch) {
+		if _, err := ops.Search(b.ctx, b.db, q); !errors.Is(err, ops.ErrBadSearch) {
 			t.Errorf("%s: err %v, want ErrBadSearch", name, err)
 		}
 	}
@@ -324,28 +226,28 @@ func TestConsoleReads_CountDueLatenessAndRescues(t *testing.T) {
 			t.Fatalf("row %d: %v", i, err)
 		}
 	}
-	due, err := outbox.DueCounts(b.ctx, b.db, now, time.Hour, 12)
+	due, err := ops.DueCounts(b.ctx, b.db, now, time.Hour, 12)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []int{2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0}; !slices.Equal(due, want) {
 		t.Errorf("DueCounts = %v, want %v", due, want)
 	}
-	late, err := outbox.LatenessSeries(b.ctx, b.db, now, time.Hour, 12)
+	late, err := ops.LatenessSeries(b.ctx, b.db, now, time.Hour, 12)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if late[11].Count != 2 || late[11].Max != 300 || late[1].Count != 1 || late[1].P50 != 5000 || late[5].Count != 0 {
 		t.Errorf("LatenessSeries = %+v", late)
 	}
-	done, published, err := outbox.Rescues(b.ctx, b.db, now, time.Hour)
+	done, published, err := ops.Rescues(b.ctx, b.db, now, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if done != (outbox.RescueSample{Sampled: 3, Rescued: 1, Rescues: 1}) || published != (outbox.RescueSample{Sampled: 1, Rescued: 1, Rescues: 2}) {
+	if done != (ops.RescueSample{Sampled: 3, Rescued: 1, Rescues: 1}) || published != (ops.RescueSample{Sampled: 1, Rescued: 1, Rescues: 2}) {
 		t.Errorf("Rescues = %+v, %+v", done, published)
 	}
-	if _, err := outbox.GetByID(b.ctx, b.db, 1<<40); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := ops.GetByID(b.ctx, b.db, 1<<40); !errors.Is(err, outbox.ErrNotFound) {
 		t.Errorf("GetByID of a missing id: %v", err)
 	}
 	tx, err := b.db.BeginTx(b.ctx, nil)
@@ -353,7 +255,7 @@ func TestConsoleReads_CountDueLatenessAndRescues(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only
-	if _, _, err := outbox.LockByID(b.ctx, tx, 1<<40); !errors.Is(err, outbox.ErrNotFound) {
+	if _, _, err := ops.LockByID(b.ctx, tx, 1<<40); !errors.Is(err, outbox.ErrNotFound) {
 		t.Errorf("LockByID of a missing id: %v", err)
 	}
 }

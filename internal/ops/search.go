@@ -1,4 +1,4 @@
-package outbox
+package ops
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/delaybridge/delaybridge/internal/store"
+	"github.com/delaybridge/delaybridge/outbox"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,10 +21,10 @@ import (
 // index entries (never rows) until it fills the page. None of them writes.
 
 // States lists every task state, in the order the console shows them.
-var States = []State{StatePending, StatePublished, StateDead, StateDone, StateCancelled}
+var States = []outbox.State{outbox.StatePending, outbox.StatePublished, outbox.StateDead, outbox.StateDone, outbox.StateCancelled}
 
 // ValidState reports whether s is one of States.
-func ValidState(s State) bool { return slices.Contains(States, s) }
+func ValidState(s outbox.State) bool { return slices.Contains(States, s) }
 
 // MaxSearchLimit bounds the rows one search page returns.
 const MaxSearchLimit = 500
@@ -36,7 +38,7 @@ type SearchQuery struct {
 	// Topic (keys are indexed within their topic).
 	KeyPrefix string
 	// State, when set, keeps tasks in this state only.
-	State State
+	State outbox.State
 	// DueFrom and DueTo, when set, keep tasks due in [DueFrom, DueTo).
 	DueFrom, DueTo time.Time
 	// After is the Next of the previous page; empty for the first page.
@@ -48,7 +50,7 @@ type SearchQuery struct {
 // SearchPage is one page of a search.
 type SearchPage struct {
 	// Tasks hold the rows without payload and headers.
-	Tasks []*TaskInfo
+	Tasks []*outbox.TaskInfo
 	// Next continues the search after the last task; empty on the last page.
 	Next string
 	// Index names the index the search walks, for the curious.
@@ -59,11 +61,6 @@ type SearchPage struct {
 // an index or carries a malformed cursor.
 var ErrBadSearch = errors.New("outbox: bad search")
 
-// selectRow reads what scanInfo reads, with an empty payload and no headers
-// or trace: lists never show them, and a payload may be megabytes.
-const selectRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, generation,
-  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
-
 // Search returns one page of tasks. Which index serves it depends on the
 // filters:
 //
@@ -73,8 +70,8 @@ const selectRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, g
 //     state asked for (all five without a state), oldest due first. A
 //     topic filter is checked in the index entries of that range, before
 //     any row is read.
-func Search(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
-	if err := checkQuerier("Search", q); err != nil {
+func Search(ctx context.Context, q outbox.Querier, s SearchQuery) (*SearchPage, error) {
+	if err := store.CheckQuerier("Search", q); err != nil {
 		return nil, err
 	}
 	if s.Limit <= 0 {
@@ -112,7 +109,7 @@ func badCursor() error {
 	return fmt.Errorf("%w: the page cursor belongs to another search; start the search again from its first page", ErrBadSearch)
 }
 
-func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
+func searchByKey(ctx context.Context, q outbox.Querier, s SearchQuery) (*SearchPage, error) {
 	where := []string{"topic = ?"}
 	args := []any{s.Topic}
 	if s.KeyPrefix != "" {
@@ -133,7 +130,7 @@ func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 		args = append(args, after)
 	}
 	where, args = appendFilters(where, args, s, false)
-	rows, err := queryRows(ctx, q, selectRow+" FORCE INDEX (uk_delay_task_topic_key) WHERE "+strings.Join(where, " AND ")+" ORDER BY task_key LIMIT ?", append(args, s.Limit+1)...)
+	rows, err := queryRows(ctx, q, store.SelectTaskRow+" FORCE INDEX (uk_delay_task_topic_key) WHERE "+strings.Join(where, " AND ")+" ORDER BY task_key LIMIT ?", append(args, s.Limit+1)...)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +142,7 @@ func searchByKey(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 	return page, nil
 }
 
-func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, error) {
+func searchByDue(ctx context.Context, q outbox.Querier, s SearchQuery) (*SearchPage, error) {
 	var afterDue, afterID int64
 	hasAfter := s.After != ""
 	if hasAfter {
@@ -162,9 +159,9 @@ func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 	}
 	states := States
 	if s.State != "" {
-		states = []State{s.State}
+		states = []outbox.State{s.State}
 	}
-	var all []*TaskInfo
+	var all []*outbox.TaskInfo
 	for _, st := range states {
 		where := []string{"state = ?"}
 		args := []any{string(st)}
@@ -175,13 +172,13 @@ func searchByDue(ctx context.Context, q Querier, s SearchQuery) (*SearchPage, er
 			args = append(args, afterDue, afterDue, afterID)
 		}
 		where, args = appendFilters(where, args, s, true)
-		rows, err := queryRows(ctx, q, selectRow+" FORCE INDEX (ix_delay_task_state_due) WHERE "+strings.Join(where, " AND ")+" ORDER BY due_ms, id LIMIT ?", append(args, s.Limit+1)...)
+		rows, err := queryRows(ctx, q, store.SelectTaskRow+" FORCE INDEX (ix_delay_task_state_due) WHERE "+strings.Join(where, " AND ")+" ORDER BY due_ms, id LIMIT ?", append(args, s.Limit+1)...)
 		if err != nil {
 			return nil, err
 		}
 		all = append(all, rows...)
 	}
-	slices.SortFunc(all, func(a, b *TaskInfo) int {
+	slices.SortFunc(all, func(a, b *outbox.TaskInfo) int {
 		if c := a.Task.DueAt.Compare(b.Task.DueAt); c != 0 {
 			return c
 		}
@@ -230,13 +227,13 @@ func prefixEnd(p []byte) ([]byte, bool) {
 	return nil, false
 }
 
-func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*TaskInfo, error) {
+func queryRows(ctx context.Context, q outbox.Querier, query string, args ...any) ([]*outbox.TaskInfo, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: search: %w", err)
 	}
 	defer rows.Close()
-	var out []*TaskInfo
+	var out []*outbox.TaskInfo
 	for rows.Next() {
 		i, err := scanInfo(rows)
 		if err != nil {
@@ -250,10 +247,10 @@ func queryRows(ctx context.Context, q Querier, query string, args ...any) ([]*Ta
 	return out, nil
 }
 
-// Detail is a task row with the columns TaskInfo leaves out, for the console's
-// task page.
+// Detail is a task row with the columns outbox.TaskInfo leaves out, for
+// the console's task page.
 type Detail struct {
-	TaskInfo
+	outbox.TaskInfo
 	// LeaseOwner is the relay or scanner claim holding the row, 0 for none.
 	LeaseOwner int64
 	// NextAttemptAt is the claim's expiry while LeaseOwner is set, else
@@ -263,11 +260,11 @@ type Detail struct {
 	PayloadBytes int
 }
 
-// GetByID reads task id with its payload, or returns ErrNotFound.
-func GetByID(ctx context.Context, q Querier, id int64) (*Detail, error) {
-	info, err := scanInfo(q.QueryRowContext(ctx, selectInfo+" WHERE id = ?", id))
+// GetByID reads task id with its payload, or returns outbox.ErrNotFound.
+func GetByID(ctx context.Context, q outbox.Querier, id int64) (*Detail, error) {
+	info, err := scanInfo(q.QueryRowContext(ctx, store.SelectTask+" WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: id %d", outbox.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read task %d: %w", id, err)
@@ -276,24 +273,24 @@ func GetByID(ctx context.Context, q Querier, id int64) (*Detail, error) {
 	var next int64
 	err = q.QueryRowContext(ctx, "SELECT lease_owner, next_attempt_ms FROM delay_task WHERE id = ?", id).Scan(&d.LeaseOwner, &next)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: id %d", outbox.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read task %d: %w", id, err)
 	}
 	if next != 0 {
-		d.NextAttemptAt = msTime(next)
+		d.NextAttemptAt = store.MsTime(next)
 	}
 	return d, nil
 }
 
 // LockByID locks task id inside tx and returns its topic and key, so an
-// action by id acts on exactly that row; ErrNotFound when it is gone.
+// action by id acts on exactly that row; outbox.ErrNotFound when it is gone.
 func LockByID(ctx context.Context, tx *sql.Tx, id int64) (topic, key string, err error) {
 	var k []byte
 	err = tx.QueryRowContext(ctx, "SELECT topic, task_key FROM delay_task WHERE id = ? FOR UPDATE", id).Scan(&topic, &k)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", "", fmt.Errorf("%w: id %d", ErrNotFound, id)
+		return "", "", fmt.Errorf("%w: id %d", outbox.ErrNotFound, id)
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("outbox: lock task %d: %w", id, err)
@@ -304,14 +301,14 @@ func LockByID(ctx context.Context, tx *sql.Tx, id int64) (topic, key string, err
 // DueCounts counts pending and published tasks due in each of n equal
 // buckets of [from, from+span): a walk of the (state, due_ms) index over
 // that range, so it costs in proportion to the tasks due in it.
-func DueCounts(ctx context.Context, q Querier, from time.Time, span time.Duration, n int) ([]int, error) {
+func DueCounts(ctx context.Context, q outbox.Querier, from time.Time, span time.Duration, n int) ([]int, error) {
 	if n <= 0 || span <= 0 {
 		return nil, fmt.Errorf("outbox: due counts: %d buckets over %v", n, span)
 	}
 	width := max(1, span.Milliseconds()/int64(n))
 	lo := from.UnixMilli()
 	out := make([]int, n)
-	for _, st := range []State{StatePending, StatePublished} {
+	for _, st := range []outbox.State{outbox.StatePending, outbox.StatePublished} {
 		rows, err := q.QueryContext(ctx, `SELECT (due_ms - ?) DIV ?, COUNT(*) FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms >= ? AND due_ms < ? GROUP BY 1`, lo, width, string(st), lo, lo+width*int64(n))
 		if err != nil {
@@ -344,7 +341,7 @@ const LatenessSamplesPerBucket = 500
 // LatenessSeries summarises the lateness of done tasks due in each of n
 // equal buckets of [to−span, to), from at most LatenessSamplesPerBucket
 // tasks a bucket.
-func LatenessSeries(ctx context.Context, q Querier, to time.Time, span time.Duration, n int) ([]Lateness, error) {
+func LatenessSeries(ctx context.Context, q outbox.Querier, to time.Time, span time.Duration, n int) ([]Lateness, error) {
 	if n <= 0 || span <= 0 {
 		return nil, fmt.Errorf("outbox: lateness series: %d buckets over %v", n, span)
 	}
@@ -395,7 +392,7 @@ const rescueSample = 5000
 // Rescues samples the scanner's work at a bounded cost: among the done
 // tasks due in [now−window, now), the newest rescueSample, and among the
 // published tasks, the rescueSample due first.
-func Rescues(ctx context.Context, q Querier, now time.Time, window time.Duration) (done, published RescueSample, err error) {
+func Rescues(ctx context.Context, q outbox.Querier, now time.Time, window time.Duration) (done, published RescueSample, err error) {
 	read := func(query string, args ...any) (RescueSample, error) {
 		var r RescueSample
 		if err := q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(rescues > 0), 0), COALESCE(SUM(rescues), 0) FROM (`+query+`) t`, args...).
@@ -411,4 +408,16 @@ func Rescues(ctx context.Context, q Querier, now time.Time, window time.Duration
 	}
 	published, err = read(`SELECT rescues FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = 'published' ORDER BY due_ms LIMIT ?`, rescueSample)
 	return
+}
+
+// scanInfo reads a row of store.SelectTask or store.SelectTaskRow.
+func scanInfo(s store.Scanner) (*outbox.TaskInfo, error) {
+	r, err := store.ScanTask(s)
+	if err != nil {
+		return nil, err
+	}
+	t := outbox.Task{Topic: r.Topic, Key: r.Key, DueAt: r.DueAt, Payload: r.Payload, Headers: r.Headers, Trace: r.Trace}
+	return &outbox.TaskInfo{ID: r.ID, Task: t, State: outbox.State(r.State), Generation: r.Generation,
+		PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues, LastError: r.LastError,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, PublishedAt: r.PublishedAt, DoneAt: r.DoneAt}, nil
 }

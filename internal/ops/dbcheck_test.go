@@ -1,4 +1,4 @@
-package outbox_test
+package ops_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -36,7 +37,7 @@ func TestParseVersion_DecidesFromRealVersionStrings(t *testing.T) {
 		{"5.7.25-TiDB-v6.5.0", "", "TiDB", 6, 5, false, "two relays could claim the same task"},
 	} {
 		t.Run(c.version, func(t *testing.T) {
-			d, err := outbox.ParseVersion(c.version, c.comment)
+			d, err := ops.ParseVersion(c.version, c.comment)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -47,7 +48,7 @@ func TestParseVersion_DecidesFromRealVersionStrings(t *testing.T) {
 			switch {
 			case c.ok && err != nil:
 				t.Errorf("Check = %v, want nil", err)
-			case !c.ok && (!errors.Is(err, outbox.ErrUnsupportedDatabase) || !strings.Contains(err.Error(), c.says)):
+			case !c.ok && (!errors.Is(err, ops.ErrUnsupportedDatabase) || !strings.Contains(err.Error(), c.says)):
 				t.Errorf("Check = %v, want ErrUnsupportedDatabase saying %q", err, c.says)
 			}
 		})
@@ -56,7 +57,7 @@ func TestParseVersion_DecidesFromRealVersionStrings(t *testing.T) {
 
 func TestParseVersion_UnreadableVersionIsAnError(t *testing.T) {
 	for _, v := range []string{"", "MariaDB", "8", "x.y.z", "8.0.11-TiDB"} {
-		if d, err := outbox.ParseVersion(v, ""); !errors.Is(err, outbox.ErrUnsupportedDatabase) {
+		if d, err := ops.ParseVersion(v, ""); !errors.Is(err, ops.ErrUnsupportedDatabase) {
 			t.Errorf("ParseVersion(%q) = %+v, %v; want ErrUnsupportedDatabase", v, d, err)
 		}
 	}
@@ -72,13 +73,13 @@ func TestDatabaseCheck_StatementBinlogIsRefused(t *testing.T) {
 		{false, "STATEMENT", true}, {false, "MIXED", true},
 	} {
 		for _, v := range []string{"10.11.19-MariaDB-0+deb12u1", "8.0.36"} {
-			d, err := outbox.ParseVersion(v, "")
+			d, err := ops.ParseVersion(v, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			d.BinlogOn, d.BinlogFormat = c.on, c.format
 			err = d.Check()
-			if c.ok != (err == nil) || (err != nil && (!errors.Is(err, outbox.ErrUnsupportedDatabase) || !strings.Contains(err.Error(), "binlog_format=STATEMENT") || !strings.Contains(err.Error(), v))) {
+			if c.ok != (err == nil) || (err != nil && (!errors.Is(err, ops.ErrUnsupportedDatabase) || !strings.Contains(err.Error(), "binlog_format=STATEMENT") || !strings.Contains(err.Error(), v))) {
 				t.Errorf("%s, log_bin %v, binlog_format %s: Check = %v, want ok %v", v, c.on, c.format, err, c.ok)
 			}
 		}
@@ -89,7 +90,7 @@ func TestCheckDatabase_AcceptsTheTestMariaDBAndItsLocksReallySkip(t *testing.T) 
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
-	d, err := outbox.CheckDatabase(ctx, b.db)
+	d, err := ops.CheckDatabase(ctx, b.db)
 	if err != nil {
 		t.Fatalf("CheckDatabase = %+v, %v", d, err)
 	}
@@ -143,7 +144,7 @@ func TestCheckDatabase_AcceptsTheTestMariaDBAndItsLocksReallySkip(t *testing.T) 
 
 func TestProbeSkipLocked_NeedsTheMigratedSchema(t *testing.T) {
 	db, _ := testenv.ScratchDB(t)
-	err := outbox.ProbeSkipLocked(context.Background(), db)
+	err := ops.ProbeSkipLocked(context.Background(), db)
 	if err == nil || !strings.Contains(err.Error(), "delaybridge migrate") {
 		t.Errorf("ProbeSkipLocked on an empty database = %v, want an error saying to migrate", err)
 	}
@@ -155,7 +156,7 @@ func TestProbeSkipLocked_ConcurrentProbesAllPass(t *testing.T) {
 	b := setup(t)
 	errs := make(chan error, 4)
 	for range 4 {
-		go func() { errs <- outbox.ProbeSkipLocked(b.ctx, b.db) }()
+		go func() { errs <- ops.ProbeSkipLocked(b.ctx, b.db) }()
 	}
 	for range 4 {
 		if err := <-errs; err != nil {
@@ -184,7 +185,7 @@ func TestCheckDatabase_RefusesASchemaOlderThanTheBinary(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "DELETE FROM delaybridge_migration WHERE version = ?", last.Version); err != nil {
 		t.Fatal(err)
 	}
-	_, err = outbox.CheckDatabase(ctx, db)
+	_, err = ops.CheckDatabase(ctx, db)
 	if !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), last.Name) || !strings.Contains(err.Error(), "run delaybridge migrate") {
 		t.Fatalf("CheckDatabase without %s = %v; want ErrSchemaBehind naming it and the fix", last.Name, err)
 	}
