@@ -45,7 +45,8 @@ fuzz:
 	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
 	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./internal/store/
 	go test -run '^$$' -fuzz '^FuzzFromTable$$' -fuzztime $(FUZZTIME) ./rabbit/
-	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/
+	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
+	go test -run '^$$' -fuzz '^FuzzParseWhenSigns$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
 	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./internal/settings/
 	go test -run '^$$' -fuzz '^FuzzParseLevels$$' -fuzztime $(FUZZTIME) ./internal/settings/
 
