@@ -161,6 +161,23 @@ func (f *flow) waitDone(t testing.TB, n int, timeout time.Duration) {
 	}
 }
 
+// handledAt returns when key was first handled. The task turns done when
+// Handle commits, a moment before the handler records the time, so it waits
+// for the record.
+func (f *flow) handledAt(t testing.TB, key string) time.Time {
+	t.Helper()
+	var at time.Time
+	if !testutil.Eventually(5*time.Second, 10*time.Millisecond, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		at = f.handled[key]
+		return !at.IsZero()
+	}) {
+		t.Fatalf("%s is done but its handler never recorded Handled", key)
+	}
+	return at
+}
+
 // checkOnce asserts every order's effect was applied exactly once.
 func (f *flow) checkOnce(t testing.TB, n int) {
 	t.Helper()
@@ -259,9 +276,7 @@ func TestFlow_RescheduleAfterPublishRunsAtTheNewTimeOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.waitDone(t, 1, 30*time.Second)
-		f.mu.Lock()
-		at := f.handled["moved"]
-		f.mu.Unlock()
+		at := f.handledAt(t, "moved")
 		if at.Before(broker.MillisUTC(newDue)) {
 			t.Fatalf("handled at %s, before the new due time %s: the old message ran", at.Format(time.StampMilli), newDue.Format(time.StampMilli))
 		}
