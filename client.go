@@ -47,7 +47,7 @@ type Client struct {
 }
 
 // NewClient returns a client on the outbox database db (migrated with
-// outbox.Migrate or delaybridge migrate) and the broker cfg names. Zero
+// Migrate or delaybridge migrate) and the broker cfg names. Zero
 // fields of cfg take DefaultConfig's values; cfg.MySQLDSN is not used, as
 // db is given. It checks cfg but does not connect: Schedule, Cancel and
 // friends work without Start.
@@ -79,13 +79,13 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 
 // Schedule writes t in tx, the caller's transaction: the task exists
 // exactly when the caller's own writes commit. See outbox.Schedule for
-// its errors (outbox.ErrDuplicate, bad input).
-func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t outbox.Task) (int64, error) {
+// its errors (ErrDuplicate, bad input).
+func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t Task) (int64, error) {
 	return outbox.Schedule(ctx, tx, t)
 }
 
 // Cancel cancels the task of (topic, key) in tx. Cancelling twice is not
-// an error; a task already done is outbox.ErrFinished. Lock the task
+// an error; a task already done is ErrFinished. Lock the task
 // before the business row it guards, as the handler does.
 func (c *Client) Cancel(ctx context.Context, tx *sql.Tx, topic, key string) error {
 	return outbox.Cancel(ctx, tx, topic, key)
@@ -97,15 +97,15 @@ func (c *Client) Reschedule(ctx context.Context, tx *sql.Tx, topic, key string, 
 	return outbox.Reschedule(ctx, tx, topic, key, due)
 }
 
-// Get reads the task of (topic, key); outbox.ErrNotFound when there is
+// Get reads the task of (topic, key); ErrNotFound when there is
 // none. q is the database or a transaction.
-func (c *Client) Get(ctx context.Context, q outbox.Querier, topic, key string) (*outbox.TaskInfo, error) {
+func (c *Client) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	return outbox.Get(ctx, q, topic, key)
 }
 
 // Overdue reports whether the task of (topic, key) is due and not yet
 // finished, the read path's lazy check (see outbox.Overdue).
-func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key string) (bool, error) {
+func (c *Client) Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
 	return outbox.Overdue(ctx, q, topic, key)
 }
 
@@ -120,7 +120,7 @@ func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key strin
 // outside tx was not. A handler that calls out runs alone: pass
 // GroupSize(1). opts also set the topic's attempts, backoff and timeout;
 // each one not given keeps Config.Consumer's.
-func (c *Client) Handle(topic string, fn outbox.HandlerFunc, opts ...HandleOption) error {
+func (c *Client) Handle(topic string, fn HandlerFunc, opts ...HandleOption) error {
 	if err := broker.ValidateTopic(topic); err != nil {
 		return err
 	}
@@ -214,8 +214,8 @@ func HandlerTimeout(d time.Duration) HandleOption {
 //
 // Before it touches the broker it checks the database: one that lacks a
 // migration this binary ships gives an error matching
-// outbox.ErrSchemaBehind, and a live relay or consumer of another prefix,
-// group or ladder gives outbox.ErrTopologyMismatch. Either way nothing is
+// ErrSchemaBehind, and a live relay or consumer of another prefix,
+// group or ladder gives ErrTopologyMismatch. Either way nothing is
 // declared on the broker.
 //
 // A broker that does not answer is tried again, five times in all over

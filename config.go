@@ -14,7 +14,6 @@ import (
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/rocket"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // Config is what a Client, and the delaybridge binary, need to reach the
@@ -132,10 +131,10 @@ type Config struct {
 	// Relay, when not nil, makes a Client also run the relay in its
 	// process with this configuration, for a service that is its own
 	// daemon. Leave it nil where delaybridge run is deployed.
-	Relay *outbox.RelayConfig
+	Relay *RelayConfig
 	// Scanner, when not nil, makes a Client also run the scanner in its
 	// process with this configuration (see Relay).
-	Scanner *scanner.Config
+	Scanner *ScannerConfig
 	// Cleaner tunes the cleaner a Client with a Relay runs beside it, as
 	// delaybridge run does: it deletes done and cancelled tasks past their
 	// retention. The zero value is the cleaner's defaults (a week's
