@@ -13,6 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/delaybridge/delaybridge"
+	// The adapters DELAYBRIDGE_BROKER may name; a service imports its own.
+	_ "github.com/delaybridge/delaybridge/rabbit"
+	_ "github.com/delaybridge/delaybridge/rocket"
 )
 
 // An order service with timeout auto-cancel. Each order schedules its own

@@ -39,6 +39,9 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/orders"
+	// The adapters --broker may name.
+	_ "github.com/delaybridge/delaybridge/rabbit"
+	_ "github.com/delaybridge/delaybridge/rocket"
 )
 
 // topic is where this program's cancellations travel.
@@ -65,8 +68,6 @@ type options struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
 	cfg := delaybridge.DefaultConfig()
-	// This program creates its RocketMQ topic, as the local broker allows.
-	cfg.RocketCreateTopics = true
 	fs := pflag.NewFlagSet("ordertimeout", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.orders, "orders", 40, "orders to create")
@@ -75,6 +76,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.verbose, "verbose", false, "log what delaybridge does")
 	fs.String("config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
 	cfg.RegisterFlags(fs)
+	// This program creates its RocketMQ topic, as the local broker allows:
+	// the flag's default becomes true.
+	create := fs.Lookup("rocketmq-create-topics")
+	create.DefValue = "true"
+	_ = create.Value.Set("true")
 	if err := delaybridge.LoadFlags(fs, args, "ordertimeout"); err != nil {
 		return err
 	}
@@ -123,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = client.Stop(sctx)
 	}()
-	fmt.Fprintf(stdout, "ordertimeout: %d orders on %s (%s), timeout %v\n", o.orders, cfg.Broker, cfg.Mode(), o.timeout)
+	fmt.Fprintf(stdout, "ordertimeout: %d orders on %s (%s), timeout %v\n", o.orders, client.Broker().Name(), client.Broker().Mode(), o.timeout)
 	return story(ctx, svc, o, stdout)
 }
 
