@@ -48,7 +48,7 @@ fuzz:
 	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
 	go test -run '^$$' -fuzz '^FuzzParseWhenSigns$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
 	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./internal/settings/
-	go test -run '^$$' -fuzz '^FuzzParseLevels$$' -fuzztime $(FUZZTIME) ./internal/settings/
+	go test -run '^$$' -fuzz '^FuzzParseLevelsSetting$$' -fuzztime $(FUZZTIME) ./rocket/
 
 # Unit tests only: no services needed.
 test-unit:

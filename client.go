@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/internal/services"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/scanner"
@@ -30,24 +31,26 @@ var ErrStarted = errors.New("delaybridge: client already started or stopped")
 // then Start; Stop when done.
 //
 // The pieces it is made of stay available: outbox.Schedule and friends,
-// outbox.NewConsumer, outbox.NewRelay, scanner.New, Config.OpenBroker.
+// outbox.NewConsumer, outbox.NewRelay, scanner.New, the adapters'
+// NewPublisher and NewSubscriber.
 type Client struct {
-	db  *sql.DB
-	cfg Config
+	db     *sql.DB
+	cfg    Config
+	broker broker.Adapter
 
 	mu       sync.Mutex
 	handlers map[string]outbox.HandlerFunc
 	policies map[string]broker.TopicPolicy
 	started  bool
 	stopped  bool
-	conn     *Connection
+	conn     *broker.Connection
 	consumer *broker.Consumer
 	presence *outbox.Announcement
 	bg       *services.Group
 }
 
 // NewClient returns a client on the outbox database db (migrated with
-// outbox.Migrate or delaybridge migrate) and the broker cfg names. Zero
+// Migrate or delaybridge migrate) and the broker cfg names. Zero
 // fields of cfg take DefaultConfig's values; cfg.MySQLDSN is not used, as
 // db is given. It checks cfg but does not connect: Schedule, Cancel and
 // friends work without Start.
@@ -56,7 +59,8 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 		return nil, errors.New("delaybridge: NewClient needs a database")
 	}
 	cfg = cfg.withDefaults()
-	if err := cfg.Check(); err != nil {
+	ad, _, err := cfg.check()
+	if err != nil {
 		return nil, err
 	}
 	// The relay's and the scanner's own rules, before Start opens anything
@@ -74,18 +78,22 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("delaybridge: Config.Scanner: %w", err)
 		}
 	}
-	return &Client{db: db, cfg: cfg, handlers: map[string]outbox.HandlerFunc{}, policies: map[string]broker.TopicPolicy{}}, nil
+	return &Client{db: db, cfg: cfg, broker: ad, handlers: map[string]outbox.HandlerFunc{}, policies: map[string]broker.TopicPolicy{}}, nil
 }
+
+// Broker is the client's broker adapter: Config.Broker, or the one the
+// flat settings name.
+func (c *Client) Broker() broker.Adapter { return c.broker }
 
 // Schedule writes t in tx, the caller's transaction: the task exists
 // exactly when the caller's own writes commit. See outbox.Schedule for
-// its errors (outbox.ErrDuplicate, bad input).
-func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t outbox.Task) (int64, error) {
+// its errors (ErrDuplicate, bad input).
+func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t Task) (int64, error) {
 	return outbox.Schedule(ctx, tx, t)
 }
 
 // Cancel cancels the task of (topic, key) in tx. Cancelling twice is not
-// an error; a task already done is outbox.ErrFinished. Lock the task
+// an error; a task already done is ErrFinished. Lock the task
 // before the business row it guards, as the handler does.
 func (c *Client) Cancel(ctx context.Context, tx *sql.Tx, topic, key string) error {
 	return outbox.Cancel(ctx, tx, topic, key)
@@ -97,15 +105,15 @@ func (c *Client) Reschedule(ctx context.Context, tx *sql.Tx, topic, key string, 
 	return outbox.Reschedule(ctx, tx, topic, key, due)
 }
 
-// Get reads the task of (topic, key); outbox.ErrNotFound when there is
+// Get reads the task of (topic, key); ErrNotFound when there is
 // none. q is the database or a transaction.
-func (c *Client) Get(ctx context.Context, q outbox.Querier, topic, key string) (*outbox.TaskInfo, error) {
+func (c *Client) Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 	return outbox.Get(ctx, q, topic, key)
 }
 
 // Overdue reports whether the task of (topic, key) is due and not yet
 // finished, the read path's lazy check (see outbox.Overdue).
-func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key string) (bool, error) {
+func (c *Client) Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
 	return outbox.Overdue(ctx, q, topic, key)
 }
 
@@ -120,7 +128,7 @@ func (c *Client) Overdue(ctx context.Context, q outbox.Querier, topic, key strin
 // outside tx was not. A handler that calls out runs alone: pass
 // GroupSize(1). opts also set the topic's attempts, backoff and timeout;
 // each one not given keeps Config.Consumer's.
-func (c *Client) Handle(topic string, fn outbox.HandlerFunc, opts ...HandleOption) error {
+func (c *Client) Handle(topic string, fn HandlerFunc, opts ...HandleOption) error {
 	if err := broker.ValidateTopic(topic); err != nil {
 		return err
 	}
@@ -206,16 +214,16 @@ func HandlerTimeout(d time.Duration) HandleOption {
 // topics, and the relay and scanner when the Config asks for them. Beside
 // a relay it runs what delaybridge run runs beside one: the cleaner
 // (unless NoCleaner), the counts refresher (unless NoStats) and a relay
-// presence record, so status sees a live relay. On
-// RocketMQ with RocketCreateTopics it first creates the topics, their
-// retry topics and the dead-letter topic. A Client without handlers,
+// presence record, so status sees a live relay. On RocketMQ with
+// rocket.Config.CreateTopics it first creates the topics, their retry
+// topics and the dead-letter topic. A Client without handlers,
 // relay or scanner has nothing to start and returns nil. When Start fails
 // it leaves nothing running.
 //
 // Before it touches the broker it checks the database: one that lacks a
 // migration this binary ships gives an error matching
-// outbox.ErrSchemaBehind, and a live relay or consumer of another prefix,
-// group or ladder gives outbox.ErrTopologyMismatch. Either way nothing is
+// ErrSchemaBehind, and a live relay or consumer of another prefix,
+// group or ladder gives ErrTopologyMismatch. Either way nothing is
 // declared on the broker.
 //
 // A broker that does not answer is tried again, five times in all over
@@ -246,16 +254,13 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("delaybridge: %w", err)
 	}
 	// Settings the broker cannot change: refused at once, not retried.
-	if _, err := c.cfg.Keyring(); err != nil {
-		return err
-	}
-	topo, err := c.cfg.Topology()
+	topo, err := c.broker.Topology()
 	if err != nil {
 		return err
 	}
 	// Every failure below returns through err: what was started is
 	// stopped again, the presence record withdrawn.
-	var conn *Connection
+	var conn *broker.Connection
 	defer func() {
 		if err != nil {
 			c.undoStart()
@@ -278,9 +283,9 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if len(topics) > 0 {
-		if c.cfg.Broker == "rocket" && c.cfg.RocketCreateTopics {
+		if conn.AutoCreate {
 			if err = conn.CreateTopics(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
-				return fmt.Errorf("delaybridge: create topics on %s: %w", c.cfg.RocketBrokerAddr, err)
+				return fmt.Errorf("delaybridge: create topics: %w", err)
 			}
 		}
 		handlers := c.handlers
@@ -313,11 +318,7 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		return err
 	}
 	c.conn, c.started = conn, true
-	prefix := c.cfg.RabbitPrefix
-	if c.cfg.Broker == "rocket" {
-		prefix = c.cfg.RocketGroupPrefix
-	}
-	c.cfg.Logger.Info("delaybridge: client started", "broker", c.cfg.Broker, "mode", c.cfg.Mode(), "prefix", prefix,
+	c.cfg.Logger.Info("delaybridge: client started", "broker", c.broker.Name(), "mode", c.broker.Mode(), "topology", topo.String(),
 		"topics", topics, "relay", c.cfg.Relay != nil, "scanner", c.cfg.Scanner != nil,
 		"cleaner", c.cfg.Relay != nil && !c.cfg.NoCleaner, "stats", c.cfg.Relay != nil && !c.cfg.NoStats)
 	return nil
@@ -332,17 +333,17 @@ const (
 
 // openBroker opens the broker, trying again with a backoff while it does
 // not answer, up to startTries times and while ctx lasts.
-func (c *Client) openBroker(ctx context.Context, withSub bool) (*Connection, error) {
+func (c *Client) openBroker(ctx context.Context, withSub bool) (*broker.Connection, error) {
 	wait := startWait
 	for try := 1; ; try++ {
-		conn, err := c.cfg.OpenBroker(ctx, withSub)
+		conn, err := driver.Open(ctx, c.broker, c.cfg.SigningKeys, c.cfg.Logger, withSub)
 		if err == nil {
 			return conn, nil
 		}
 		if try == startTries || ctx.Err() != nil {
 			return nil, err
 		}
-		c.cfg.Logger.Warn("delaybridge: the broker did not answer; trying again", "broker", c.cfg.Broker, "try", try, "of", startTries, "in", wait, "err", err)
+		c.cfg.Logger.Warn("delaybridge: the broker did not answer; trying again", "broker", c.broker.Name(), "try", try, "of", startTries, "in", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -357,7 +358,7 @@ func (c *Client) openBroker(ctx context.Context, withSub bool) (*Connection, err
 // startBackground starts the relay and the scanner the Config asks for,
 // and beside the relay the cleaner, the counts refresher and the relay's
 // presence record, as delaybridge run does (internal/services).
-func (c *Client) startBackground(ctx context.Context, conn *Connection, topo broker.Topology) error {
+func (c *Client) startBackground(ctx context.Context, conn *broker.Connection, topo broker.Topology) error {
 	parts := services.Config{Logger: c.cfg.Logger}
 	var grace time.Duration
 	if c.cfg.Scanner != nil {

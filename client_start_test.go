@@ -16,6 +16,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // rabbitNames lists the queues and exchanges on the broker whose names
@@ -46,9 +47,9 @@ func rabbitNames(t *testing.T, prefix string) []string {
 // queue or exchange of the consumer's prefix.
 func TestClient_StartRefusedForItsPrefixDeclaresNothing(t *testing.T) {
 	b := setup(t)
-	relayCfg := delaybridge.DefaultConfig()
-	relayCfg.AMQPURL, relayCfg.RabbitDepth, relayCfg.RabbitPrefix = b.cfg.AMQPURL, b.cfg.RabbitDepth, testenv.Name("relay")
-	topo, err := relayCfg.Topology()
+	relayCfg := b.rabbit
+	relayCfg.Prefix = testenv.Name("relay")
+	topo, err := rabbit.New(relayCfg).Topology()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +69,7 @@ func TestClient_StartRefusedForItsPrefixDeclaresNothing(t *testing.T) {
 	if err := c.Start(b.ctx); !errors.Is(err, outbox.ErrTopologyMismatch) {
 		t.Fatalf("Start = %v, want ErrTopologyMismatch", err)
 	}
-	if names := rabbitNames(t, b.cfg.RabbitPrefix); len(names) > 0 {
+	if names := rabbitNames(t, b.rabbit.Prefix); len(names) > 0 {
 		t.Fatalf("the refused consumer left %d queues and exchanges behind: %v", len(names), names)
 	}
 	var live int
@@ -84,13 +85,15 @@ func TestClient_StartRefusedForItsPrefixDeclaresNothing(t *testing.T) {
 // the log, and logs one line once it runs.
 func TestClient_StartRidesOutABrokerHiccupAndLogsThatItStarted(t *testing.T) {
 	b := setup(t)
-	u, err := url.Parse(b.cfg.AMQPURL)
+	u, err := url.Parse(b.rabbit.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := testenv.NewProxy(t, u.Host)
 	u.Host = proxy.Addr()
-	b.cfg.AMQPURL = u.String()
+	rc := b.rabbit
+	rc.URL = u.String()
+	b.cfg = b.on(rc)
 	b.cfg.Relay = nil
 	var log testenv.SyncBuffer
 	b.cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
@@ -113,14 +116,14 @@ func TestClient_StartRidesOutABrokerHiccupAndLogsThatItStarted(t *testing.T) {
 	if !strings.Contains(out, "trying again") {
 		t.Errorf("no retry logged:\n%s", out)
 	}
-	if n := strings.Count(out, "client started"); n != 1 || !strings.Contains(out, "prefix="+b.cfg.RabbitPrefix) || !strings.Contains(out, "hiccup") {
+	if n := strings.Count(out, "client started"); n != 1 || !strings.Contains(out, "prefix="+b.rabbit.Prefix) || !strings.Contains(out, "hiccup") {
 		t.Errorf("want one start line naming the prefix and the topics, got %d:\n%s", n, out)
 	}
 }
 
 // Handle refuses options it could not run, before Start.
 func TestClient_HandleRefusesBadOptions(t *testing.T) {
-	c, err := delaybridge.NewClient(&sql.DB{}, delaybridge.Config{AMQPURL: "amqp://localhost:5672/"})
+	c, err := delaybridge.NewClient(&sql.DB{}, delaybridge.Config{Broker: rabbit.New(rabbit.Config{URL: "amqp://localhost:5672/"})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/delaybridge/delaybridge/internal/ops"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
@@ -23,6 +24,15 @@ type clientBundle struct {
 	ctx context.Context
 	db  *sql.DB
 	cfg delaybridge.Config
+	// rabbit is cfg's adapter configuration.
+	rabbit rabbit.Config
+}
+
+// on returns b.cfg on the adapter rc configures.
+func (b *clientBundle) on(rc rabbit.Config) delaybridge.Config {
+	c := b.cfg
+	c.Broker = rabbit.New(rc)
+	return c
 }
 
 // setup gives a test a scratch database and a RabbitMQ ladder of its own;
@@ -37,7 +47,8 @@ func setup(t *testing.T) *clientBundle {
 	}
 	url, prefix := testenv.AMQP(t), testenv.Name("client")
 	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
-	return &clientBundle{ctx: ctx, db: db, cfg: delaybridge.Config{AMQPURL: url, RabbitPrefix: prefix, RabbitDepth: 8,
+	rc := rabbit.Config{URL: url, Prefix: prefix, Depth: 8}
+	return &clientBundle{ctx: ctx, db: db, rabbit: rc, cfg: delaybridge.Config{Broker: rabbit.New(rc),
 		Relay: &outbox.RelayConfig{IdleMax: 50 * time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 }
 
@@ -155,9 +166,11 @@ func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
 	}
 	defer first.Stop(b.ctx)
 
-	other := b.cfg
-	other.RabbitPrefix, other.Relay = testenv.Name("shop"), nil
-	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, other.AMQPURL, other.RabbitPrefix) })
+	shop := b.rabbit
+	shop.Prefix = testenv.Name("shop")
+	other := b.on(shop)
+	other.Relay = nil
+	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, shop.URL, shop.Prefix) })
 	second, err := delaybridge.NewClient(b.db, other)
 	if err != nil {
 		t.Fatal(err)
@@ -168,9 +181,9 @@ func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
 	err = second.Start(b.ctx)
 	if !errors.Is(err, outbox.ErrTopologyMismatch) {
 		_ = second.Stop(b.ctx)
-		t.Fatalf("Start with prefix %q beside a consumer on %q = %v; want ErrTopologyMismatch", other.RabbitPrefix, b.cfg.RabbitPrefix, err)
+		t.Fatalf("Start with prefix %q beside a consumer on %q = %v; want ErrTopologyMismatch", shop.Prefix, b.rabbit.Prefix, err)
 	}
-	if !strings.Contains(err.Error(), other.RabbitPrefix) || !strings.Contains(err.Error(), b.cfg.RabbitPrefix) {
+	if !strings.Contains(err.Error(), shop.Prefix) || !strings.Contains(err.Error(), b.rabbit.Prefix) {
 		t.Errorf("error %q does not name both prefixes", err)
 	}
 	// Rolling a change out process by process: with WarnOnly it starts.
@@ -197,8 +210,9 @@ func TestClient_StartRefusesAPrefixOtherThanALiveConsumers(t *testing.T) {
 // longest hop is.
 func TestClient_AFailedStartWithdrawsItsPresence(t *testing.T) {
 	b := setup(t)
-	cfg := b.cfg
-	cfg.RabbitUnit, cfg.RabbitDepth = 100*time.Millisecond, 4 // one hop: 1.5 s
+	rc := b.rabbit
+	rc.Unit, rc.Depth = 100*time.Millisecond, 4 // one hop: 1.5 s
+	cfg := b.on(rc)
 	cfg.Relay = &outbox.RelayConfig{Lookahead: 10 * time.Second}
 	c, err := delaybridge.NewClient(b.db, cfg)
 	if err != nil {

@@ -51,14 +51,17 @@ func TestLoadConfig_FlagBeatsEnvironmentBeatsFileBeatsDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := delaybridge.DefaultConfig()
+	want := *delaybridge.Flat(delaybridge.DefaultConfig())
 	want.Broker, want.RocketGroupPrefix = "rocket", "from-file"
 	want.RabbitPrefix = "from-env"
 	want.RabbitDepth = 11
-	want.MySQLDSN = "u:p@tcp(db:3306)/x"
-	if cfg.Broker != want.Broker || cfg.RocketGroupPrefix != want.RocketGroupPrefix || cfg.RabbitPrefix != want.RabbitPrefix ||
-		cfg.RabbitDepth != want.RabbitDepth || cfg.MySQLDSN != want.MySQLDSN || cfg.RabbitUnit != want.RabbitUnit || cfg.RocketQueues != want.RocketQueues {
-		t.Errorf("LoadConfig = %+v\nwant %+v", cfg, want)
+	got := *delaybridge.Flat(cfg)
+	if got.Broker != want.Broker || got.RocketGroupPrefix != want.RocketGroupPrefix || got.RabbitPrefix != want.RabbitPrefix ||
+		got.RabbitDepth != want.RabbitDepth || cfg.MySQLDSN != "u:p@tcp(db:3306)/x" || got.RabbitUnit != want.RabbitUnit || got.RocketQueues != want.RocketQueues {
+		t.Errorf("LoadConfig = %+v, DSN %q\nwant %+v", got, cfg.MySQLDSN, want)
+	}
+	if cfg.Broker != nil {
+		t.Errorf("LoadConfig built Broker %v; NewClient builds it from the flat settings", cfg.Broker)
 	}
 }
 
@@ -109,39 +112,60 @@ func TestLoadFlags_ServiceFlagsAndDelaybridgeSettingsShareOneFlagSet(t *testing.
 	if err := delaybridge.LoadFlags(fs, []string{"--rocketmq-mode", "levels"}, "svc"); err != nil {
 		t.Fatal(err)
 	}
-	if *orders != 7 || cfg.Broker != "rocket" || cfg.RocketMode != "levels" {
-		t.Errorf("orders %d, broker %q, mode %q", *orders, cfg.Broker, cfg.RocketMode)
+	if flat := delaybridge.Flat(cfg); *orders != 7 || flat.Broker != "rocket" || flat.RocketMode != "levels" {
+		t.Errorf("orders %d, broker %q, mode %q", *orders, flat.Broker, flat.RocketMode)
 	}
 }
 
 func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
-	t.Parallel()
+	clearEnv(t)
 	db := &sql.DB{}
+	rabbitX := func(c *delaybridge.Config) { c.Broker = rabbit.New(rabbit.Config{URL: "amqp://x"}) }
 	for _, tc := range []struct {
-		cfg  delaybridge.Config
+		args []string // flat settings, read as LoadConfig reads them
+		mod  func(*delaybridge.Config)
 		want string
 	}{
-		{delaybridge.Config{Broker: "kafka"}, `--broker "kafka"`},
-		{delaybridge.Config{}, "no RabbitMQ configured"},
-		{delaybridge.Config{AMQPURL: "amqp://x", RabbitMode: "plugin"}, `--rabbit-mode "plugin"`},
-		{delaybridge.Config{Broker: "rocket", RocketMode: "levels", RocketLevels: "1x"}, "--rocketmq-levels"},
-		{delaybridge.Config{Broker: "rocket", RocketAccessKey: "ak"}, "go together"},
-		{delaybridge.Config{AMQPURL: "amqp://x", RabbitDepth: -1}, "--rabbit-depth -1"},
-		{delaybridge.Config{AMQPURL: "http://x"}, "not a valid AMQP URL"},
-		{delaybridge.Config{Broker: "rocket", RocketGroupPrefix: "a b"}, "Config.GroupPrefix"},
-		{delaybridge.Config{AMQPURL: "amqp://x", Relay: &outbox.RelayConfig{Lookahead: time.Millisecond}}, "Config.Relay: outbox: NewRelay: Lookahead 1ms"},
-		{delaybridge.Config{AMQPURL: "amqp://x", Scanner: &scanner.Config{Lease: time.Second}}, "Config.Scanner: scanner: Lease 1s"},
-		{delaybridge.Config{AMQPURL: "amqp://x", Scanner: &scanner.Config{Business: &scanner.Business{Name: "b"}}}, "needs Query and Handle"},
+		{args: []string{"--broker", "kafka"}, want: `--broker "kafka"`},
+		{want: "no RabbitMQ configured"},
+		{mod: func(c *delaybridge.Config) { c.Broker = rabbit.New(rabbit.Config{}) }, want: "no RabbitMQ configured"},
+		{args: []string{"--amqp-url", "amqp://x", "--rabbit-mode", "plugin"}, want: `--rabbit-mode "plugin"`},
+		{args: []string{"--broker", "rocket", "--rocketmq-mode", "levels", "--rocketmq-levels", "1x"}, want: "--rocketmq-levels"},
+		{args: []string{"--broker", "rocket", "--rocketmq-access-key", "ak"}, want: "go together"},
+		{args: []string{"--amqp-url", "amqp://x", "--rabbit-depth", "-1"}, want: "--rabbit-depth -1"},
+		{args: []string{"--amqp-url", "http://x"}, want: "not a valid AMQP URL"},
+		{mod: func(c *delaybridge.Config) { c.Broker = rabbit.New(rabbit.Config{URL: "http://x"}) }, want: "not a valid AMQP URL"},
+		{args: []string{"--broker", "rocket", "--rocketmq-group-prefix", "a b"}, want: "Config.GroupPrefix"},
+		{mod: func(c *delaybridge.Config) {
+			c.Broker = rocket.New(rocket.Config{NameServers: []string{"x:1"}, GroupPrefix: "a b"})
+		}, want: "Config.GroupPrefix"},
+		{mod: func(c *delaybridge.Config) {
+			c.Broker = rocket.New(rocket.Config{NameServers: []string{"x:1"}, CreateTopics: true})
+		}, want: "needs a BrokerAddr"},
+		{mod: func(c *delaybridge.Config) { rabbitX(c); c.SigningKeys = "k" }, want: "--signing-keys"},
+		{mod: func(c *delaybridge.Config) { rabbitX(c); c.Relay = &outbox.RelayConfig{Lookahead: time.Millisecond} }, want: "Config.Relay: outbox: NewRelay: Lookahead 1ms"},
+		{mod: func(c *delaybridge.Config) { rabbitX(c); c.Scanner = &scanner.Config{Lease: time.Second} }, want: "Config.Scanner: scanner: Lease 1s"},
+		{mod: func(c *delaybridge.Config) {
+			rabbitX(c)
+			c.Scanner = &scanner.Config{Business: &scanner.Business{Name: "b"}}
+		}, want: "needs Query and Handle"},
 	} {
-		if _, err := delaybridge.NewClient(db, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewClient(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		cfg, err := delaybridge.LoadConfig(tc.args)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if tc.mod != nil {
+			tc.mod(&cfg)
+		}
+		if _, err := delaybridge.NewClient(db, cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewClient(%v) = %v, want %q", tc.args, err, tc.want)
 		}
 	}
 	var nc *settings.NotConfiguredError
 	if _, err := delaybridge.NewClient(db, delaybridge.Config{}); !errors.As(err, &nc) || nc.Setting != "amqp-url" {
 		t.Errorf("no AMQP URL: %v, want a NotConfiguredError for amqp-url", err)
 	}
-	if _, err := delaybridge.NewClient(nil, delaybridge.Config{AMQPURL: "amqp://x"}); err == nil {
+	if _, err := delaybridge.NewClient(nil, delaybridge.Config{Broker: rabbit.New(rabbit.Config{URL: "amqp://x"})}); err == nil {
 		t.Error("NewClient(nil db) accepted")
 	}
 	// A secret setting has a -file twin to name; the name server has none.
@@ -156,7 +180,7 @@ func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
 
 func TestClient_HandleRefusesBadTopicsDuplicatesAndLateRegistration(t *testing.T) {
 	t.Parallel()
-	c, err := delaybridge.NewClient(&sql.DB{}, delaybridge.Config{AMQPURL: "amqp://x"})
+	c, err := delaybridge.NewClient(&sql.DB{}, delaybridge.Config{Broker: rabbit.New(rabbit.Config{URL: "amqp://x"})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,77 +208,5 @@ func TestClient_HandleRefusesBadTopicsDuplicatesAndLateRegistration(t *testing.T
 	}
 	if err := c.Handle("u", fn); !errors.Is(err, delaybridge.ErrStarted) {
 		t.Errorf("Handle after Stop = %v, want ErrStarted", err)
-	}
-}
-
-func TestRabbitConfig_DeadLetteringFlag(t *testing.T) {
-	clearEnv(t)
-	for _, c := range []struct {
-		args []string
-		want rabbit.DeadLettering
-		err  string
-	}{
-		{nil, rabbit.AtLeastOnce, ""},
-		{[]string{"--rabbit-dead-lettering", "at-most-once"}, rabbit.AtMostOnce, ""},
-		{[]string{"--rabbit-dead-lettering", "at-least-once"}, rabbit.AtLeastOnce, ""},
-		{[]string{"--rabbit-dead-lettering", "exactly-once"}, 0, "--rabbit-dead-lettering"},
-	} {
-		cfg, err := delaybridge.LoadConfig(append([]string{"--amqp-url", "amqp://u:p@127.0.0.1:5672/"}, c.args...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc, err := cfg.RabbitConfig()
-		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "at-most-once") {
-				t.Errorf("%v: err = %v, want one naming %s and the choices", c.args, err, c.err)
-			}
-			continue
-		}
-		if err != nil || rc.DeadLettering != c.want {
-			t.Errorf("%v: DeadLettering = %v, %v; want %v", c.args, rc.DeadLettering, err, c.want)
-		}
-	}
-}
-
-// --rocketmq-consume-goroutines reaches the adapter; values the client
-// cannot take are refused with the range.
-func TestRocketConfig_ConsumeGoroutinesFlag(t *testing.T) {
-	clearEnv(t)
-	for _, c := range []struct {
-		args []string
-		want int
-		err  string
-	}{
-		{nil, rocket.DefaultConsumeGoroutines, ""},
-		{[]string{"--rocketmq-consume-goroutines", "4096"}, 4096, ""},
-		{[]string{"--rocketmq-consume-goroutines", "-1"}, 0, "want 1 to 100000"},
-		{[]string{"--rocketmq-consume-goroutines", "200000"}, 0, "want 1 to 100000"},
-	} {
-		cfg, err := delaybridge.LoadConfig(append([]string{"--broker", "rocket"}, c.args...))
-		if err != nil {
-			t.Fatalf("%v: %v", c.args, err)
-		}
-		rc, err := cfg.RocketConfig()
-		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("%v: err = %v, want %q", c.args, err, c.err)
-			}
-			continue
-		}
-		if err != nil || rc.ConsumeGoroutines != c.want {
-			t.Errorf("%v: ConsumeGoroutines %d (err %v), want %d", c.args, rc.ConsumeGoroutines, err, c.want)
-		}
-	}
-}
-
-// A RocketMQ client in levels mode takes a list with day levels.
-func TestRocketConfig_LevelsModeTakesDays(t *testing.T) {
-	t.Parallel()
-	cfg, err := delaybridge.Config{Broker: "rocket", RocketMode: "levels", RocketLevels: "1s 1m 1h 1d", RocketNameServers: "127.0.0.1:9876"}.RocketConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lv := cfg.Limits.Levels; len(lv) != 4 || lv[3] != 24*time.Hour {
-		t.Fatalf("levels = %v, want four ending in 24h", lv)
 	}
 }

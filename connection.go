@@ -4,149 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/internal/settings"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
 )
-
-// Connection is an opened broker adapter: its publisher and, for a
-// consumer, its subscriber, both signed when Config.SigningKeys is set.
-type Connection struct {
-	// Publisher publishes tasks, hops, retries and dead letters.
-	Publisher broker.Publisher
-	// Subscriber is nil unless the connection was opened for a consumer.
-	Subscriber broker.Subscriber
-	// Addr is the broker address a readiness check dials.
-	Addr string
-
-	ensure func(ctx context.Context, topics ...string) error
-	close  func()
-}
-
-// CreateTopics creates topics that must exist before a consumer starts
-// (RocketMQ; with a subscriber also each group's retry topic, so a nack
-// comes back in a second). It does nothing on RabbitMQ, whose adapter
-// declares its queues itself.
-func (c *Connection) CreateTopics(ctx context.Context, topics ...string) error {
-	return c.ensure(ctx, topics...)
-}
-
-// Close closes the subscriber, then the publisher.
-func (c *Connection) Close() { c.close() }
-
-// OpenBroker connects the configured broker adapter, the way delaybridge
-// run does; withSubscriber also builds a subscriber. It checks c first.
-func (c Config) OpenBroker(ctx context.Context, withSubscriber bool) (*Connection, error) {
-	ring, err := c.Keyring()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := c.openAdapter(ctx, withSubscriber)
-	if err != nil {
-		return nil, err
-	}
-	if ring != nil {
-		conn.Publisher = broker.Signed(conn.Publisher, ring)
-		if conn.Subscriber != nil {
-			conn.Subscriber = broker.Verified(conn.Subscriber, ring)
-		}
-	}
-	return conn, nil
-}
-
-func (c Config) openAdapter(ctx context.Context, withSub bool) (*Connection, error) {
-	switch c.Broker {
-	case "rabbit":
-		cfg, err := c.RabbitConfig()
-		if err != nil {
-			return nil, err
-		}
-		pub, err := rabbit.NewPublisher(ctx, cfg)
-		if err != nil {
-			return nil, fmt.Errorf("rabbit %s: %w", rabbit.RedactURL(c.AMQPURL), redact.Scrub(err, c.AMQPURL))
-		}
-		conn := &Connection{Publisher: pub, close: func() { c.closeLogged("publisher", pub) }, ensure: func(context.Context, ...string) error { return nil }}
-		if u, err := url.Parse(c.AMQPURL); err == nil {
-			port := u.Port()
-			if port == "" {
-				port = map[bool]string{true: "5671", false: "5672"}[u.Scheme == "amqps"]
-			}
-			conn.Addr = net.JoinHostPort(u.Hostname(), port)
-		}
-		if withSub {
-			sub, err := rabbit.NewSubscriber(cfg)
-			if err != nil {
-				_ = pub.Close()
-				return nil, err
-			}
-			conn.Subscriber = sub
-			conn.close = func() { c.closeLogged("subscriber", sub); c.closeLogged("publisher", pub) }
-		}
-		return conn, nil
-	case "rocket":
-		cfg, err := c.RocketConfig()
-		if err != nil {
-			return nil, err
-		}
-		pub, err := rocket.NewPublisher(ctx, cfg)
-		if err != nil {
-			return nil, fmt.Errorf("rocket %s: %w", c.RocketNameServers, redact.Scrub(err, c.RocketSecretKey))
-		}
-		conn := &Connection{Publisher: pub, close: func() { c.closeLogged("publisher", pub) }, Addr: cfg.NameServers[0]}
-		var rsub *rocket.Subscriber
-		conn.ensure = func(ctx context.Context, topics ...string) error {
-			for _, t := range topics {
-				tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				var err error
-				if rsub != nil {
-					err = rsub.CreateTopic(tctx, c.RocketBrokerAddr, t, c.RocketQueues)
-				} else {
-					err = pub.CreateTopic(tctx, c.RocketBrokerAddr, t, c.RocketQueues)
-				}
-				cancel()
-				if err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if withSub {
-			sub, err := rocket.NewSubscriber(cfg)
-			if err != nil {
-				_ = pub.Close()
-				return nil, err
-			}
-			conn.Subscriber = sub
-			rsub = sub
-			conn.close = func() { c.closeLogged("subscriber", sub); c.closeLogged("publisher", pub) }
-		}
-		return conn, nil
-	}
-	return nil, fmt.Errorf("--broker %q: want rabbit or rocket", c.Broker)
-}
-
-// closeLogged closes one client of a Connection, logging a failure: Close
-// has nowhere to return it, and a broker that refused a clean shutdown is
-// worth a line.
-func (c Config) closeLogged(what string, cl interface{ Close() error }) {
-	if err := cl.Close(); err != nil {
-		logger := c.Logger
-		if logger == nil {
-			logger = slog.Default()
-		}
-		logger.Warn("delaybridge: closing the broker "+what+" failed", "broker", c.Broker, "err", err)
-	}
-}
 
 // MySQLConfig parses MySQLDSN and applies MySQLTLS. parseTime is on unless
 // the DSN says otherwise. A DSN without a database name is an error. An empty DSN is an error naming every way to set it, not the

@@ -15,7 +15,9 @@
 //
 // Client is the entry point: NewClient with a Config (LoadConfig reads it
 // from flags, DELAYBRIDGE_* variables and a config file, as the delaybridge
-// daemon does), Handle, Start, Stop. The packages below it are usable on
+// daemon does), Handle, Start, Stop. The broker is a value: rabbit.New or
+// rocket.New, or the adapter --broker names, which the program links by
+// importing its package. The packages below it are usable on
 // their own: outbox (the table, the relay, Handle), broker (messages, the
 // consumer runtime), rabbit and rocket (the adapters), scanner. README.md
 // walks through an order service; docs/design.md explains the design.

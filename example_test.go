@@ -13,8 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/outbox"
+	// The adapters DELAYBRIDGE_BROKER may name; a service imports its own.
+	_ "github.com/delaybridge/delaybridge/rabbit"
+	_ "github.com/delaybridge/delaybridge/rocket"
 )
 
 // An order service with timeout auto-cancel. Each order schedules its own
@@ -28,12 +29,12 @@ func Example() {
 	cfg, db := openOrders(ctx)
 	defer db.Close()
 	// This process relays its own tasks; usually delaybridge run does.
-	cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
+	cfg.Relay = &delaybridge.RelayConfig{IdleMax: 100 * time.Millisecond}
 	client, err := delaybridge.NewClient(db, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = client.Handle("order-cancel", func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+	err = client.Handle("order-cancel", func(ctx context.Context, tx *sql.Tx, m *delaybridge.Message) error {
 		_, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'CANCELLED' WHERE id = ? AND status = 'UNPAID'", m.Key)
 		return err
 	})
@@ -55,7 +56,7 @@ func Example() {
 			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", id); err != nil {
 				return err
 			}
-			_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-cancel", Key: id, DueAt: time.Now().Add(time.Second)})
+			_, err := client.Schedule(ctx, tx, delaybridge.Task{Topic: "order-cancel", Key: id, DueAt: time.Now().Add(time.Second)})
 			return err
 		})
 		if err != nil {
@@ -63,10 +64,10 @@ func Example() {
 		}
 	}
 	// order-1 is paid in time: lock its task first, then the order. Had its
-	// handler run already, Cancel would return outbox.ErrFinished: the
+	// handler run already, Cancel would return delaybridge.ErrFinished: the
 	// order is cancelled, and the payment is refused (rolled back here).
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		if err := client.Cancel(ctx, tx, "order-cancel", order1); errors.Is(err, outbox.ErrFinished) {
+		if err := client.Cancel(ctx, tx, "order-cancel", order1); errors.Is(err, delaybridge.ErrFinished) {
 			return fmt.Errorf("order %s: too late, its timeout cancelled it", order1)
 		} else if err != nil {
 			return err
@@ -83,7 +84,7 @@ func Example() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if info.State == outbox.StateDone || time.Now().After(deadline) {
+		if info.State == delaybridge.StateDone || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -119,7 +120,7 @@ func ExampleClient_Overdue() {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'UNPAID')", order3); err != nil {
 			return err
 		}
-		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-expire", Key: order3, DueAt: due})
+		_, err := client.Schedule(ctx, tx, delaybridge.Task{Topic: "order-expire", Key: order3, DueAt: due})
 		return err
 	})
 	if err != nil {
@@ -164,14 +165,14 @@ func ExampleClient_Reschedule() {
 	order := fmt.Sprintf("order-4-%d", time.Now().UnixNano())
 	shipped := time.Now()
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		_, err := client.Schedule(ctx, tx, outbox.Task{Topic: "order-confirm", Key: order, DueAt: shipped.Add(7 * 24 * time.Hour)})
+		_, err := client.Schedule(ctx, tx, delaybridge.Task{Topic: "order-confirm", Key: order, DueAt: shipped.Add(7 * 24 * time.Hour)})
 		return err
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		// A task already handled (or cancelled) returns outbox.ErrFinished:
+		// A task already handled (or cancelled) returns delaybridge.ErrFinished:
 		// too late to extend.
 		return client.Reschedule(ctx, tx, "order-confirm", order, shipped.Add(10*24*time.Hour))
 	})
@@ -223,7 +224,7 @@ func openOrders(ctx context.Context) (delaybridge.Config, *sql.DB) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := outbox.Migrate(ctx, db); err != nil {
+	if _, err := delaybridge.Migrate(ctx, db); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL)"); err != nil {

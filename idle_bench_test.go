@@ -14,6 +14,8 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
@@ -33,13 +35,12 @@ func BenchmarkIdle(b *testing.B) {
 	cfg := delaybridge.Config{Relay: &outbox.RelayConfig{}, Scanner: &scanner.Config{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if os.Getenv("DELAYBRIDGE_BENCH_IDLE_BROKER") == "rocket" {
-		cfg.Broker, cfg.RocketCreateTopics = "rocket", true
-		cfg.RocketNameServers = testenv.RocketMQ(b)
-		cfg.RocketGroupPrefix = testenv.Name("idle")
+		cfg.Broker = rocket.New(rocket.Config{NameServers: []string{testenv.RocketMQ(b)}, GroupPrefix: testenv.Name("idle"),
+			CreateTopics: true, BrokerAddr: testenv.RocketBrokerAddr()})
 	} else {
 		url, prefix := testenv.AMQP(b), testenv.Name("idle")
 		b.Cleanup(func() { testenv.DeleteRabbitPrefix(b, url, prefix) })
-		cfg.AMQPURL, cfg.RabbitPrefix = url, prefix
+		cfg.Broker = rabbit.New(rabbit.Config{URL: url, Prefix: prefix})
 	}
 	c, err := delaybridge.NewClient(db, cfg)
 	if err != nil {

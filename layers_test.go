@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"maps"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,22 +19,22 @@ import (
 // cycle can start; a package missing here fails the test until it has its
 // place in the table.
 var layers = map[string][]string{
-	".":                                {"broker", "internal/redact", "internal/services", "internal/settings", "outbox", "rabbit", "rocket", "scanner"},
+	".":                                {"broker", "internal/driver", "internal/redact", "internal/services", "internal/settings", "outbox", "scanner"},
 	"broker":                           {"internal/wire"},
 	"broker/brokertest":                {"broker", "internal/wire"},
 	"broker/memory":                    {"broker"},
-	"rabbit":                           {"broker", "internal/wire", "internal/redacturl"},
-	"rocket":                           {"broker", "internal/wire"},
+	"rabbit":                           {"broker", "internal/driver", "internal/redact", "internal/settings", "internal/wire", "internal/redacturl"},
+	"rocket":                           {"broker", "internal/driver", "internal/redact", "internal/settings", "internal/wire"},
 	"outbox":                           {"broker", "internal/store"},
 	"internal/ops":                     {"broker", "internal/percentile", "internal/store", "outbox"},
 	"scanner":                          {"outbox", "broker", "internal/store"},
-	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/ops", "internal/orders", "internal/redact", "internal/services", "internal/settings", "outbox", "rabbit", "rocket", "scanner"},
-	"cmd/delaybridge/internal/bench":   {".", "broker", "broker/memory", "cmd/delaybridge/internal/cli", "internal/percentile", "outbox", "rabbit"},
+	"cmd/delaybridge":                  {".", "broker", "cmd/delaybridge/internal/bench", "cmd/delaybridge/internal/cli", "cmd/delaybridge/internal/console", "internal/driver", "internal/ops", "internal/orders", "internal/redact", "internal/services", "internal/settings", "outbox", "rabbit", "rocket", "scanner"},
+	"cmd/delaybridge/internal/bench":   {".", "broker", "broker/memory", "cmd/delaybridge/internal/cli", "internal/driver", "internal/percentile", "outbox", "rabbit"},
 	"cmd/delaybridge/internal/cli":     {"broker", "internal/ops", "outbox"},
-	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/ops", "internal/redact", "internal/settings", "outbox", "rabbit", "rocket"},
+	"cmd/delaybridge/internal/console": {".", "broker", "cmd/delaybridge/internal/cli", "internal/driver", "internal/ops", "internal/redact", "internal/settings", "outbox", "rabbit", "rocket"},
 	"cmd/delaybridge/internal/console/consoletest": {"internal/testenv", "outbox"},
 	"examples":              {},
-	"examples/ordertimeout": {".", "internal/orders", "outbox", "scanner"},
+	"examples/ordertimeout": {".", "internal/orders", "rabbit", "rocket"},
 	"integration":           {}, // its tests import everything
 	"internal/orders":       {"broker", "internal/ops", "internal/percentile", "outbox"},
 	"internal/services":     {"broker", "outbox", "scanner"},
@@ -42,7 +43,8 @@ var layers = map[string][]string{
 	"internal/percentile":   {"broker"},
 	"internal/redacturl":    {},
 	"internal/redact":       {"internal/redacturl"},
-	"internal/settings":     {"rocket"},
+	"internal/settings":     {},
+	"internal/driver":       {"broker", "internal/settings"},
 	"internal/testenv":      {},
 	"internal/testutil":     {},
 }
@@ -101,6 +103,24 @@ func TestPackages_ImportOnlyDownTheDesignTable(t *testing.T) {
 	for _, pkg := range slices.Sorted(maps.Keys(layers)) {
 		if !found[pkg] {
 			t.Errorf("the table names %s, but no Go file of it was found: the walk proves nothing, or the row is stale", pkg)
+		}
+	}
+}
+
+// The root package links no broker client: a program on RabbitMQ builds
+// without the RocketMQ client and the other way round. Its adapter comes
+// as a value (Config.Broker) or from the registry the adapters fill.
+func TestRoot_LinksNoBrokerClient(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps .: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, client := range []string{"github.com/rabbitmq/amqp091-go", "github.com/apache/rocketmq-client-go", "github.com/delaybridge/delaybridge/rabbit", "github.com/delaybridge/delaybridge/rocket"} {
+			if dep == client || strings.HasPrefix(dep, client+"/") {
+				t.Errorf("the root package depends on %s", dep)
+			}
 		}
 	}
 }

@@ -90,6 +90,16 @@ type Config struct {
 	// keeps the setting in a process-wide default, so once one client
 	// starts with TLS, every later client of the process uses TLS too.
 	TLS bool
+	// CreateTopics makes a Client on this adapter (New) create, when it
+	// starts, the topic of each handler, its group's retry topic and the
+	// dead-letter topic on BrokerAddr, with Queues read and write queues.
+	// Leave it off where operators create topics (mqadmin updateTopic) or
+	// ACL is on.
+	CreateTopics bool
+	// BrokerAddr is the broker CreateTopics creates topics on.
+	BrokerAddr string
+	// Queues is the read and write queues of a topic created. Default 8.
+	Queues int
 	// Logger receives the adapter's logs. Default slog.Default().
 	Logger *slog.Logger
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/bench"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/driver"
 )
 
 func newBenchCmd(a *app) *cobra.Command {
@@ -72,7 +73,7 @@ func (a *app) benchEnv(bf *brokerFlags) bench.Env {
 		Log:           a.log,
 		Stdout:        a.stdout,
 		Stderr:        a.stderr,
-		Broker:        func() delaybridge.Config { return bf.withLog(a) },
+		Broker:        func() driver.Settings { return bf.Settings },
 		Lookahead:     lookaheadSetting,
 		ListenMetrics: a.listenMetrics,
 		Open: func(ctx context.Context) (*cli.Session, error) {

@@ -64,7 +64,7 @@ func (a *app) consoleEnv(bf *brokerFlags, sf *shardFlags) console.Env {
 	return console.Env{
 		Log:         a.log,
 		Stdout:      a.stdout,
-		Broker:      bf.withLog(a),
+		Broker:      bf.Settings,
 		DSN:         a.mysqlDSN,
 		CheckBroker: func() error { return bf.check(a) },
 		OpenShards:  func(ctx context.Context) ([]*console.Shard, error) { return a.openConsoleShards(ctx, sf) },

@@ -18,8 +18,10 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	ordertimeout "github.com/delaybridge/delaybridge/internal/orders"
 	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/rocket"
 	"github.com/delaybridge/delaybridge/scanner"
 )
 
@@ -79,8 +81,13 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				return err
 			}
 			m := newMetrics(db, 30*time.Second, a.log)
-			cfg := bf.withLog(a)
-			defer a.serveMetricsOn(ln, m, db, demoBrokerAddr(cfg))()
+			// The demo's topic and the dead-letter topic, on RocketMQ.
+			bf.RocketCreateTopics = true
+			cfg, err := bf.config(a)
+			if err != nil {
+				return err
+			}
+			defer a.serveMetricsOn(ln, m, db, demoBrokerAddr(bf.Settings))()
 			svc := &ordertimeout.Service{DB: db, Timeout: timeout}
 			if err := svc.Setup(ctx, []string{"sku-a", "sku-b", "sku-c"}, 1_000_000); err != nil {
 				return err
@@ -93,8 +100,6 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}}
 			cfg.Consumer = broker.ConsumerConfig{Concurrency: 16}
 			cfg.Metrics = m.Metrics
-			// The demo's topic and the dead-letter topic, on RocketMQ.
-			cfg.RocketCreateTopics = true
 			client, err := delaybridge.NewClient(db, cfg)
 			if err != nil {
 				return err
@@ -185,9 +190,9 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 
 // demoBrokerAddr is the broker address the demo's /readyz dials: the
 // AMQP URL's host and port, or the first RocketMQ name server.
-func demoBrokerAddr(cfg delaybridge.Config) string {
+func demoBrokerAddr(cfg driver.Settings) string {
 	if cfg.Broker == "rocket" {
-		rc, err := cfg.RocketConfig()
+		rc, err := driver.ConfigOf[rocket.Config](&cfg, nil)
 		if err != nil || len(rc.NameServers) == 0 {
 			return ""
 		}

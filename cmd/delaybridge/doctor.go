@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/driver"
 )
 
 // doctorTopic is where doctor's probes travel.
@@ -124,7 +125,7 @@ func runDoctor(ctx context.Context, a *app, bf *brokerFlags, sf *shardFlags, pro
 // checkSigningKeys parses --signing-keys as run does (Config.Keyring), so
 // keys run refuses fail here with run's words. Neither says a secret.
 func checkSigningKeys(bf *brokerFlags, r *report) {
-	ring, err := bf.Keyring()
+	ring, err := driver.Keyring(bf.SigningKeys)
 	switch {
 	case err != nil:
 		r.fail("%v", err)

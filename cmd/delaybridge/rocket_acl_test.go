@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/rocket"
 )
 
@@ -88,7 +88,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 			}
 			defer ln.Close()
 			a := settingsAfter(t, nil)
-			bf := brokerFlags{delaybridge.Config{RocketNameServers: ln.Addr().String(), RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond,
+			bf := brokerFlags{Settings: driver.Settings{RocketNameServers: ln.Addr().String(), RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond,
 				RocketGroupPrefix: "acl", RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 			cfg, err := bf.rocketConfig(&a)
 			if err != nil {
@@ -111,7 +111,7 @@ func TestRocketACL_CredentialsSignProducerAndConsumerRequests(t *testing.T) {
 	}
 	// The admin client would send CreateTopic unsigned: refused up front.
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{delaybridge.Config{RocketNameServers: "127.0.0.1:1", RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond, RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
+	bf := brokerFlags{Settings: driver.Settings{RocketNameServers: "127.0.0.1:1", RocketMode: "timer", RocketMaxDelay: time.Hour, RocketPrecision: 100 * time.Millisecond, RocketAccessKey: accessKey, RocketSecretKey: secretKey}}
 	cfg, err := bf.rocketConfig(&a)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/rabbit"
@@ -147,7 +148,7 @@ func TestTLS_AMQPSListenerEncryptsAndSeesTheClientCertificate(t *testing.T) {
 	f := tlsFiles(t)
 	testenv.AMQP(t)
 	a := settingsAfter(t, nil)
-	bf := brokerFlags{delaybridge.Config{AMQPURL: f.amqpsURL, RabbitMode: "ladder", RabbitPrefix: testenv.Name("tls"), RabbitUnit: rabbit.DefaultUnit, RabbitDepth: 4, RabbitPrefetch: rabbit.DefaultPrefetch,
+	bf := brokerFlags{Settings: driver.Settings{AMQPURL: f.amqpsURL, RabbitMode: "ladder", RabbitPrefix: testenv.Name("tls"), RabbitUnit: rabbit.DefaultUnit, RabbitDepth: 4, RabbitPrefetch: rabbit.DefaultPrefetch,
 		AMQPTLS: delaybridge.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key}}}
 	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, testenv.AMQP(t), bf.RabbitPrefix) })
 	cfg, err := bf.rabbitConfig(&a)

@@ -8,16 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/internal/ops"
 )
-
-// topology is the broker topology these flags configure, as the presence
-// table records it.
-func (b *brokerFlags) topology(a *app) (broker.Topology, error) {
-	return b.withLog(a).Topology()
-}
 
 var descUnconsumed = prometheus.NewDesc("delaybridge_outbox_unconsumed_overdue_tasks",
 	"Published tasks overdue by more than the grace, of topics no live consumer announced itself for (a consumer with another prefix or group, or none). Counted among the oldest 10,000 overdue tasks.",

@@ -39,8 +39,9 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/orders"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
+	// The adapters --broker may name.
+	_ "github.com/delaybridge/delaybridge/rabbit"
+	_ "github.com/delaybridge/delaybridge/rocket"
 )
 
 // topic is where this program's cancellations travel.
@@ -67,8 +68,6 @@ type options struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
 	cfg := delaybridge.DefaultConfig()
-	// This program creates its RocketMQ topic, as the local broker allows.
-	cfg.RocketCreateTopics = true
 	fs := pflag.NewFlagSet("ordertimeout", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.orders, "orders", 40, "orders to create")
@@ -77,6 +76,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.verbose, "verbose", false, "log what delaybridge does")
 	fs.String("config", "", "config file of name = value lines (env DELAYBRIDGE_CONFIG)")
 	cfg.RegisterFlags(fs)
+	// This program creates its RocketMQ topic, as the local broker allows:
+	// the flag's default becomes true.
+	create := fs.Lookup("rocketmq-create-topics")
+	create.DefValue = "true"
+	_ = create.Value.Set("true")
 	if err := delaybridge.LoadFlags(fs, args, "ordertimeout"); err != nil {
 		return err
 	}
@@ -97,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (for the local services: eval \"$(scripts/services.sh env)\")", err)
 	}
 	defer db.Close()
-	if _, err := outbox.Migrate(ctx, db); err != nil {
+	if _, err := delaybridge.Migrate(ctx, db); err != nil {
 		return err
 	}
 	svc := &orders.Service{DB: db, Timeout: o.timeout, Topic: topic}
@@ -107,9 +111,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The relay and the scanner run in this process; a service deployed
 	// next to delaybridge run leaves both nil. The scanner also cancels
 	// orders left unpaid whatever became of their task.
-	cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
-	cfg.Scanner = &scanner.Config{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
-		Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(10 * time.Second), Handle: svc.CancelIfUnpaid}}
+	cfg.Relay = &delaybridge.RelayConfig{IdleMax: 100 * time.Millisecond}
+	cfg.Scanner = &delaybridge.ScannerConfig{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
+		Business: &delaybridge.BusinessSource{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(10 * time.Second), Handle: svc.CancelIfUnpaid}}
 	client, err := delaybridge.NewClient(db, cfg)
 	if err != nil {
 		return err
@@ -125,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = client.Stop(sctx)
 	}()
-	fmt.Fprintf(stdout, "ordertimeout: %d orders on %s (%s), timeout %v\n", o.orders, cfg.Broker, cfg.Mode(), o.timeout)
+	fmt.Fprintf(stdout, "ordertimeout: %d orders on %s (%s), timeout %v\n", o.orders, client.Broker().Name(), client.Broker().Mode(), o.timeout)
 	return story(ctx, svc, o, stdout)
 }
 
@@ -159,7 +163,7 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 	}
 	// Every fourth order is paid at once, every fourth after its cancel
 	// time (that payment must be refused: the order is cancelled or shown
-	// EXPIRED, and orders.Service.Pay checks outbox.Overdue first); the
+	// EXPIRED, and orders.Service.Pay checks Overdue first); the
 	// other half are never paid.
 	for i, id := range ids {
 		switch i % 4 {

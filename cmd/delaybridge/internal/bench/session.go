@@ -23,6 +23,7 @@ import (
 	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/outbox"
 	"github.com/delaybridge/delaybridge/rabbit"
@@ -37,7 +38,7 @@ type Env struct {
 	Stderr io.Writer
 	// Broker returns the broker settings (--broker and the rest), with Log
 	// as their logger, as Open left them.
-	Broker func() delaybridge.Config
+	Broker func() driver.Settings
 	// Lookahead turns --lookahead, as set on fs, into the relay's
 	// lookahead, by run's rule.
 	Lookahead func(fs *pflag.FlagSet, v time.Duration) (time.Duration, error)
@@ -363,7 +364,8 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 	b.res.BaselineStartMS, b.res.BaselineEndMS = start.UnixMilli(), time.Now().UnixMilli()
 	fmt.Fprintf(b.env.Stderr, "baseline: %d confirmed publishes at %.0f/s\n", b.o.tasks, tps)
 	if b.env.Broker().Broker == "rabbit" && !b.inProcess {
-		cfg, err := b.env.Broker().RabbitConfig()
+		bs := b.env.Broker()
+		cfg, err := driver.ConfigOf[rabbit.Config](&bs, nil)
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,7 @@ package console
 
 import (
 	"fmt"
-	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -62,7 +62,7 @@ FROM seq_`+strconv.Itoa(lo)+`_to_`+strconv.Itoa(hi),
 	}
 
 	env := testEnv(b, dsn, io.Discard)
-	env.Broker = delaybridge.Config{Broker: "rabbit"}
+	env.Broker = driver.Settings{Broker: "rabbit"}
 	c, err := newConsole(env, []*Shard{{dsn: dsn, db: db}}, credential{user: "ops", password: testConsolePassword}, Options{grace: 30 * time.Second})
 	if err != nil {
 		b.Fatal(err)

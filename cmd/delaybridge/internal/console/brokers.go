@@ -5,9 +5,10 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/rocket"
 )
 
 type limitRow struct{ Name, Value string }
@@ -23,11 +24,11 @@ type brokersData struct {
 // brokerLimits returns the delay limits the broker settings bf put in
 // effect, as the adapters compute them, and the rows the brokers page
 // shows.
-func brokerLimits(bf delaybridge.Config) (broker.Limits, []limitRow, error) {
+func brokerLimits(bf driver.Settings) (broker.Limits, []limitRow, error) {
 	var rows []limitRow
 	switch bf.Broker {
 	case "rabbit":
-		cfg, err := bf.RabbitConfig()
+		cfg, err := driver.ConfigOf[rabbit.Config](&bf, nil)
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}
@@ -54,7 +55,7 @@ func brokerLimits(bf delaybridge.Config) (broker.Limits, []limitRow, error) {
 			limitRow{"queue bound", fmt.Sprintf("x-max-length %d", bf.RabbitMaxLength)})
 		return lim, rows, nil
 	case "rocket":
-		cfg, err := bf.RocketConfig()
+		cfg, err := driver.ConfigOf[rocket.Config](&bf, nil)
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}

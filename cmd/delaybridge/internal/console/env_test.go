@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"database/sql"
 	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -26,21 +25,23 @@ const doctorRanCheck = "doctor's checks ran (test double)"
 func testEnv(t testing.TB, dsn string, logs io.Writer, brokerArgs ...string) Env {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	cfg := delaybridge.DefaultConfig()
-	fs := pflag.NewFlagSet("console", pflag.ContinueOnError)
-	cfg.RegisterBrokerFlags(fs)
-	cfg.RegisterConsumerFlags(fs)
-	if err := fs.Parse(brokerArgs); err != nil {
+	flat, err := driver.ParseArgs(brokerArgs...)
+	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Logger = log
 	return Env{
-		Log:         log,
-		Stdout:      io.Discard,
-		Broker:      cfg,
-		DSN:         dsn,
-		CheckBroker: cfg.Check,
-		OpenShards:  func(context.Context) ([]*Shard, error) { return nil, nil },
+		Log:    log,
+		Stdout: io.Discard,
+		Broker: *flat,
+		DSN:    dsn,
+		CheckBroker: func() error {
+			a, err := flat.Adapter(log)
+			if err != nil {
+				return err
+			}
+			return delaybridge.Config{Broker: a}.Check()
+		},
+		OpenShards: func(context.Context) ([]*Shard, error) { return nil, nil },
 		Doctor: func(context.Context, time.Duration) DoctorReport {
 			return DoctorReport{Checks: []Check{{Level: "OK", Text: doctorRanCheck}}}
 		},

@@ -18,8 +18,8 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/driver"
 	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/outbox"
 )
@@ -61,7 +61,7 @@ type Env struct {
 	// Broker is the broker part of the settings (--broker and the rest),
 	// with Log as its logger: the brokers page shows its limits, a task's
 	// page plans its hops with them.
-	Broker delaybridge.Config
+	Broker driver.Settings
 	// DSN is --mysql-dsn, which no error may show.
 	DSN string
 	// CheckBroker checks the broker settings without connecting. Bad ones

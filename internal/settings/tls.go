@@ -1,4 +1,4 @@
-package delaybridge
+package settings
 
 import (
 	"crypto/tls"

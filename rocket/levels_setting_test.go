@@ -1,38 +1,36 @@
-package settings
+package rocket
 
 import (
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/delaybridge/delaybridge/rocket"
 )
 
-// FuzzParseLevels feeds --rocketmq-levels values through the parser and the
+// FuzzParseLevelsSetting feeds --rocketmq-levels values through the parser and the
 // limits the RocketMQ adapter builds from them: an accepted list has one
 // level per field, and validation answers without panicking, accepts only
 // strictly ascending positive levels, and accepts every list the parser did.
-func FuzzParseLevels(f *testing.F) {
+func FuzzParseLevelsSetting(f *testing.F) {
 	for _, s := range []string{"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "1s,5s", "", "-1s 2s", "2s 1s", "1s 1s", "9223372036854775807ns", "1e9h"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		levels, err := ParseLevels(s)
+		levels, err := parseLevelsSetting(s)
 		if err != nil {
 			return
 		}
 		if n := len(strings.Fields(strings.ReplaceAll(s, ",", " "))); n != len(levels) {
-			t.Fatalf("ParseLevels(%q) = %d levels from %d fields", s, len(levels), n)
+			t.Fatalf("parseLevelsSetting(%q) = %d levels from %d fields", s, len(levels), n)
 		}
-		if err := rocket.LevelLimits(levels, 0).Validate(); err == nil {
+		if err := LevelLimits(levels, 0).Validate(); err == nil {
 			for i, d := range levels {
 				if d <= 0 || (i > 0 && d <= levels[i-1]) {
 					t.Fatalf("levels %v validated: level %d is %v", levels, i, d)
 				}
 			}
 		} else {
-			t.Fatalf("ParseLevels(%q) accepted %v, which the adapter refuses: %v", s, levels, err)
+			t.Fatalf("parseLevelsSetting(%q) accepted %v, which the adapter refuses: %v", s, levels, err)
 		}
 	})
 }
@@ -40,7 +38,7 @@ func FuzzParseLevels(f *testing.F) {
 // ParseLevels reads --rocketmq-levels as the broker reads its
 // messageDelayLevel, days included, so the list the broker prints can be
 // copied into the setting. Commas may separate levels too.
-func TestParseLevels_ReadsTheBrokersList(t *testing.T) {
+func TestParseLevelsSetting_ReadsTheBrokersList(t *testing.T) {
 	t.Parallel()
 	const day = 24 * time.Hour
 	for _, tc := range []struct {
@@ -54,13 +52,13 @@ func TestParseLevels_ReadsTheBrokersList(t *testing.T) {
 		{"commas", "1s,5s, 1d", []time.Duration{time.Second, 5 * time.Second, day}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseLevels(tc.in)
+			got, err := parseLevelsSetting(tc.in)
 			if err != nil || !slices.Equal(got, tc.want) {
-				t.Fatalf("ParseLevels(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+				t.Fatalf("parseLevelsSetting(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 			}
-			fromBroker, err := rocket.ParseLevels(strings.ReplaceAll(tc.in, ",", " "))
+			fromBroker, err := ParseLevels(strings.ReplaceAll(tc.in, ",", " "))
 			if err != nil || !slices.Equal(got, fromBroker) {
-				t.Fatalf("rocket.ParseLevels(%q) = %v, %v; the setting reads %v", tc.in, fromBroker, err, got)
+				t.Fatalf("ParseLevels(%q) = %v, %v; the setting reads %v", tc.in, fromBroker, err, got)
 			}
 		})
 	}
@@ -69,11 +67,11 @@ func TestParseLevels_ReadsTheBrokersList(t *testing.T) {
 // A list the broker would not accept is refused with the setting's name:
 // a unit it does not know, a level that is not a positive whole number,
 // levels out of order, none at all, or a level past the longest duration.
-func TestParseLevels_RefusesWhatTheBrokerWouldNot(t *testing.T) {
+func TestParseLevelsSetting_RefusesWhatTheBrokerWouldNot(t *testing.T) {
 	t.Parallel()
 	for _, in := range []string{"", " , ", "1x", "500ms", "1m30s", "1.5h", "0s", "-1s 2s", "2s 1s", "1s 1s", "1s 106752d", "1s 213504d"} {
-		if got, err := ParseLevels(in); err == nil || !strings.Contains(err.Error(), "--rocketmq-levels") {
-			t.Errorf("ParseLevels(%q) = %v, %v; want an error naming --rocketmq-levels", in, got, err)
+		if got, err := parseLevelsSetting(in); err == nil || !strings.Contains(err.Error(), "--rocketmq-levels") {
+			t.Errorf("parseLevelsSetting(%q) = %v, %v; want an error naming --rocketmq-levels", in, got, err)
 		}
 	}
 }
