@@ -199,8 +199,8 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		doneIDs = append(doneIDs, r.id)
 	}
 	now := time.Now().UnixMilli()
-	for _, chunk := range chunks(doneIDs) {
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
+	for _, chunk := range store.Chunks(doneIDs) {
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+store.InList(len(chunk)),
 			append([]any{now, now}, chunk...)...); err != nil {
 			return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: mark done: %w", err))
 		}
@@ -241,9 +241,9 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 		}
 	}
 	byID := map[int64]*taskRow{}
-	for _, chunk := range chunks(ids) {
+	for _, chunk := range store.Chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+store.DBNowMS+
-			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
+			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+store.InList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
@@ -306,8 +306,8 @@ func skippedRows(ctx context.Context, db *sql.DB, ids []int64, locked map[int64]
 		return nil, nil
 	}
 	held := map[int64]bool{}
-	for _, chunk := range chunks(missing) {
-		rows, err := db.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk)), chunk...)
+	for _, chunk := range store.Chunks(missing) {
+		rows, err := db.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+store.InList(len(chunk)), chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
 		}

@@ -236,7 +236,7 @@ func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {
 			}
 			res, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', attempts = attempts + ?, last_error = ?, updated_ms = ?, lease_owner = 0, next_attempt_ms = 0
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-				failed, truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation)
+				failed, store.Truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation)
 			if err != nil {
 				return fmt.Errorf("outbox: mark %s/%s dead: %w", m.Topic, m.Key, err)
 			}
@@ -288,7 +288,7 @@ func RecordRetry(db *sql.DB) broker.RetryRecorder {
 		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
   published_ms = IF(state = 'pending', ?, published_ms), lease_owner = IF(state = 'pending', 0, lease_owner), state = 'published'
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-			m.DeliverAt.UnixMilli(), truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+			m.DeliverAt.UnixMilli(), store.Truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)
 		}
 		return nil
