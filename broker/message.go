@@ -166,7 +166,9 @@ func ValidateKey(key string) error {
 }
 
 // MillisUTC truncates t to the millisecond and returns it in UTC, the form
-// DeliverAt always has once it crossed a broker.
+// DeliverAt always has once it crossed a broker, and the form an outbox
+// task's DueAt has once read back (due times are stored in epoch
+// milliseconds).
 func MillisUTC(t time.Time) time.Time {
 	return time.UnixMilli(t.UnixMilli()).UTC()
 }

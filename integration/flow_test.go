@@ -29,8 +29,8 @@ type flow struct {
 	ctx   context.Context
 
 	mu       sync.Mutex
-	handled  map[string]time.Time        // first successful Handle per key
-	outcomes map[string][]outbox.Outcome // every Handle that returned nil, per key
+	handled  map[string]time.Time             // first successful Handle per key
+	outcomes map[string][]outbox.HandleResult // every Handle that returned nil, per key
 	runs     atomic.Int64
 }
 
@@ -46,7 +46,7 @@ func newFlow(t testing.TB) *flow {
 		t.Fatal(err)
 	}
 	return &flow{db: db, dsn: dsn, ctx: ctx, topic: testenv.Name("flow"), handled: map[string]time.Time{},
-		outcomes: map[string][]outbox.Outcome{}}
+		outcomes: map[string][]outbox.HandleResult{}}
 }
 
 // order writes an unpaid order and its cancellation task in one transaction.

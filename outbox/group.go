@@ -19,7 +19,7 @@ import (
 type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 
 // HandleGroup is Handle for several messages in ONE transaction: it locks
-// their task rows (in id order), decides each message's outcome as Handle
+// their task rows (in id order), decides each message's result as Handle
 // would, runs fn for each live one, marks them done and commits. A task
 // that appears twice runs once (the second copy is SkippedDone).
 //
@@ -58,7 +58,7 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 //
 // Errors of the database itself (begin failing, a connection lost) wrap
 // broker.ErrUnavailable, as Handle's do.
-func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (outcomes []Outcome, errs []error, err error) {
+func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc) (results []HandleResult, errs []error, err error) {
 	if len(msgs) == 0 {
 		return nil, nil, nil
 	}
@@ -76,7 +76,7 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	ran, rolled := make([]bool, len(msgs)), make([]bool, len(msgs))
 	for deadlocks := 0; ; {
 		clear(ran)
-		outcomes, errs, err = handleGroup(ctx, db, msgs, fn, failed, ran, rolled)
+		results, errs, err = handleGroup(ctx, db, msgs, fn, failed, ran, rolled)
 		if err != nil {
 			for i := range ran {
 				rolled[i] = rolled[i] || ran[i]
@@ -100,7 +100,7 @@ func HandleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 					msgs[i].Rerun = true
 				}
 			}
-			return outcomes, errs, err
+			return results, errs, err
 		}
 	}
 }
@@ -130,7 +130,7 @@ func (f *firstFailure) Error() string {
 // otherwise it reports the messages in failed with their errors and runs
 // each other one inside a savepoint of its own. It sets ran[i] when it
 // runs fn for message i, and Rerun on a message rolled[i] says ran before.
-func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error, ran, rolled []bool) (outcomes []Outcome, errs []error, err error) {
+func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn HandlerFunc, failed map[int]error, ran, rolled []bool) (results []HandleResult, errs []error, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, nil, beginFailed(ctx, fmt.Errorf("outbox: handle group: begin: %w", err))
@@ -140,7 +140,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	if err != nil {
 		return nil, nil, asUnavailable(ctx, err)
 	}
-	outcomes, errs = make([]Outcome, len(msgs)), make([]error, len(msgs))
+	results, errs = make([]HandleResult, len(msgs)), make([]error, len(msgs))
 	var doneIDs []int64
 	seen := map[int64]bool{}
 	for i, m := range msgs {
@@ -151,7 +151,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		}
 		if r != nil && seen[r.id] {
 			// A second message of a task this group already ran.
-			outcomes[i] = SkippedDone
+			results[i] = SkippedDone
 			continue
 		}
 		switch o, verr := verdict(r, m); {
@@ -159,7 +159,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			errs[i] = verr
 			continue
 		case o != Handled:
-			outcomes[i] = o
+			results[i] = o
 			continue
 		}
 		if ferr, ok := failed[i]; ok {
@@ -178,7 +178,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 				return nil, nil, &firstFailure{i: i, err: ferr}
 			}
 			seen[r.id] = true
-			outcomes[i] = Handled
+			results[i] = Handled
 			doneIDs = append(doneIDs, r.id)
 			continue
 		}
@@ -195,12 +195,12 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 			continue
 		}
 		seen[r.id] = true
-		outcomes[i] = Handled
+		results[i] = Handled
 		doneIDs = append(doneIDs, r.id)
 	}
 	now := time.Now().UnixMilli()
-	for _, chunk := range chunks(doneIDs) {
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+inList(len(chunk)),
+	for _, chunk := range store.Chunks(doneIDs) {
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET state = 'done', done_ms = ?, updated_ms = ? WHERE id IN "+store.InList(len(chunk)),
 			append([]any{now, now}, chunk...)...); err != nil {
 			return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: mark done: %w", err))
 		}
@@ -208,7 +208,7 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 	if err := tx.Commit(); err != nil {
 		return nil, nil, asUnavailable(ctx, fmt.Errorf("outbox: handle group: commit: %w", err))
 	}
-	return outcomes, errs, nil
+	return results, errs, nil
 }
 
 // runFn runs fn for m, turning a panic into m's error: a message whose
@@ -241,9 +241,9 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 		}
 	}
 	byID := map[int64]*taskRow{}
-	for _, chunk := range chunks(ids) {
+	for _, chunk := range store.Chunks(ids) {
 		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+store.DBNowMS+
-			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
+			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+store.InList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 		}
@@ -306,8 +306,8 @@ func skippedRows(ctx context.Context, db *sql.DB, ids []int64, locked map[int64]
 		return nil, nil
 	}
 	held := map[int64]bool{}
-	for _, chunk := range chunks(missing) {
-		rows, err := db.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+inList(len(chunk)), chunk...)
+	for _, chunk := range store.Chunks(missing) {
+		rows, err := db.QueryContext(ctx, "SELECT id FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+store.InList(len(chunk)), chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: find held tasks: %w", err)
 		}
@@ -334,11 +334,11 @@ func skippedRows(ctx context.Context, db *sql.DB, ids []int64, locked map[int64]
 // with skipped messages reported as BrokerHandler reports them.
 func Group(db *sql.DB, fn HandlerFunc) broker.GroupHandler {
 	return func(ctx context.Context, msgs []*broker.Message) ([]error, error) {
-		outcomes, errs, err := HandleGroup(ctx, db, msgs, fn)
+		results, errs, err := HandleGroup(ctx, db, msgs, fn)
 		if err != nil {
 			return nil, err
 		}
-		for i, o := range outcomes {
+		for i, o := range results {
 			if errs[i] == nil {
 				errs[i] = o.asError()
 			}

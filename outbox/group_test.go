@@ -54,7 +54,7 @@ func TestHandleGroup_RunsLiveTasksOnceAndReportsTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []outbox.Outcome{outbox.Handled, outbox.SkippedDone, outbox.SkippedCancelled, outbox.SkippedStale, outbox.SkippedMissing, outbox.SkippedDone, outbox.Handled, outbox.Handled}
+	want := []outbox.HandleResult{outbox.Handled, outbox.SkippedDone, outbox.SkippedCancelled, outbox.SkippedStale, outbox.SkippedMissing, outbox.SkippedDone, outbox.Handled, outbox.Handled}
 	for i := range want {
 		if out[i] != want[i] || errs[i] != nil {
 			t.Errorf("message %d: %v, %v; want %v", i, out[i], errs[i], want[i])
@@ -616,7 +616,7 @@ func TestHandleGroup_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []outbox.Outcome{outbox.Handled, outbox.SkippedMissing, outbox.SkippedMissing}
+	want := []outbox.HandleResult{outbox.Handled, outbox.SkippedMissing, outbox.SkippedMissing}
 	for i := range want {
 		if out[i] != want[i] || errs[i] != nil {
 			t.Errorf("message %d: %v, %v; want %v", i, out[i], errs[i], want[i])
@@ -650,7 +650,7 @@ func TestHandleGroup_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
 		own[i] = b.order(t, fmt.Sprintf("own-%d", i), time.Now())
 	}
 	var wg sync.WaitGroup
-	outcomes := make([][]outbox.Outcome, n)
+	outcomes := make([][]outbox.HandleResult, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {

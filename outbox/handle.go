@@ -11,14 +11,14 @@ import (
 	"github.com/delaybridge/delaybridge/internal/store"
 )
 
-// Outcome says what Handle did with a message.
-type Outcome int
+// HandleResult says what Handle did with a message.
+type HandleResult int
 
-// Handle outcomes. Every outcome but Handled means the business function did
+// Handle's results. Every result but Handled means the business function did
 // not run and the message can be acked.
 const (
 	// Handled: fn ran and the task is done, in one commit.
-	Handled Outcome = iota
+	Handled HandleResult = iota
 	// SkippedDone: the task was already done (a duplicate delivery).
 	SkippedDone
 	// SkippedCancelled: the task was cancelled.
@@ -31,7 +31,7 @@ const (
 	SkippedDead
 )
 
-func (o Outcome) String() string {
+func (o HandleResult) String() string {
 	switch o {
 	case Handled:
 		return "handled"
@@ -46,13 +46,13 @@ func (o Outcome) String() string {
 	case SkippedDead:
 		return "skipped: dead"
 	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
+	return fmt.Sprintf("HandleResult(%d)", int(o))
 }
 
 // SkipReason is the reason a skipped outcome reports to the consumer
 // runtime (broker.Skip), and the metric label it becomes: "done",
 // "cancelled", "stale", "missing" or "dead"; empty for Handled.
-func (o Outcome) SkipReason() string {
+func (o HandleResult) SkipReason() string {
 	switch o {
 	case SkippedDone:
 		return "done"
@@ -71,7 +71,7 @@ func (o Outcome) SkipReason() string {
 // asError is what a broker.Handler returns for outcome o: nil for
 // Handled, a broker.Skip error naming the reason for the rest, so the
 // runtime acks either and its hooks tell them apart.
-func (o Outcome) asError() error {
+func (o HandleResult) asError() error {
 	if r := o.SkipReason(); r != "" {
 		return broker.Skip(r)
 	}
@@ -93,13 +93,13 @@ func (o Outcome) asError() error {
 // by the row, whatever attempt the message claimed.
 //
 // The task is found by msg.TaskID when set, else by (msg.Topic, msg.Key).
-// When the error is not nil the Outcome means nothing: it is the zero
+// When the error is not nil the HandleResult means nothing: it is the zero
 // value, which is Handled's. An error of the database itself rather than
 // of the task (begin failing, the connection lost or refused, read-only,
 // too many connections) wraps broker.ErrUnavailable, which the consumer
 // runtime gives back without counting an attempt; fn's own errors are
 // returned as they are.
-func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx context.Context, tx *sql.Tx) error) (HandleResult, error) {
 	switch {
 	case db == nil:
 		return 0, fmt.Errorf("%w to Handle", ErrNoQuerier)
@@ -170,7 +170,7 @@ func lockTask(ctx context.Context, tx *sql.Tx, m *broker.Message) (*taskRow, err
 // cancelled, dead or of another generation; an *broker.EarlyError when the
 // row's due time has not come by the database's clock; Handled and nil
 // when fn is to run. Handle and HandleGroup both decide with it.
-func verdict(r *taskRow, m *broker.Message) (Outcome, error) {
+func verdict(r *taskRow, m *broker.Message) (HandleResult, error) {
 	switch {
 	case r == nil:
 		return SkippedMissing, nil
@@ -193,7 +193,7 @@ func verdict(r *taskRow, m *broker.Message) (Outcome, error) {
 // BrokerHandler adapts fn into a broker.Handler that runs it through Handle, so
 // the consumer runtime acks only after the commit and skips what is no
 // longer wanted. A skipped message returns a broker.Skip error naming why
-// (Outcome.SkipReason), which the runtime acks and reports as skipped.
+// (HandleResult.SkipReason), which the runtime acks and reports as skipped.
 func BrokerHandler(db *sql.DB, fn HandlerFunc) broker.Handler {
 	return func(ctx context.Context, m *broker.Message) error {
 		o, err := Handle(ctx, db, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
@@ -236,7 +236,7 @@ func DeadLetter(db *sql.DB, next broker.DeadLetter) broker.DeadLetter {
 			}
 			res, err := db.ExecContext(ctx, `UPDATE delay_task SET state = 'dead', attempts = attempts + ?, last_error = ?, updated_ms = ?, lease_owner = 0, next_attempt_ms = 0
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-				failed, truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation)
+				failed, store.Truncate(msg, 1024), time.Now().UnixMilli(), m.TaskID, m.Topic, []byte(m.Key), m.Generation)
 			if err != nil {
 				return fmt.Errorf("outbox: mark %s/%s dead: %w", m.Topic, m.Key, err)
 			}
@@ -288,7 +288,7 @@ func RecordRetry(db *sql.DB) broker.RetryRecorder {
 		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
   published_ms = IF(state = 'pending', ?, published_ms), lease_owner = IF(state = 'pending', 0, lease_owner), state = 'published'
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
-			m.DeliverAt.UnixMilli(), truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
+			m.DeliverAt.UnixMilli(), store.Truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)
 		}
 		return nil

@@ -59,7 +59,7 @@ func (b *bundle) orderRow(t *testing.T, id string) (status string, cancels int) 
 func (b *bundle) handleConcurrently(t *testing.T, msg *broker.Message, n int, fn func(context.Context, *sql.Tx) error) {
 	t.Helper()
 	var wg sync.WaitGroup
-	outcomes := make([]outbox.Outcome, n)
+	outcomes := make([]outbox.HandleResult, n)
 	for i := range outcomes {
 		wg.Go(func() {
 			o, err := outbox.Handle(b.ctx, b.db, msg, fn)
@@ -119,7 +119,7 @@ func TestHandle_SkipsCancelledDeadStaleAndMissing(t *testing.T) {
 	missing := &broker.Message{TaskID: 999999, Topic: "order-cancel", Key: "nope", DeliverAt: time.Now()}
 	for _, tc := range []struct {
 		msg  *broker.Message
-		want outbox.Outcome
+		want outbox.HandleResult
 	}{{cancelled, outbox.SkippedCancelled}, {dead, outbox.SkippedDead}, {stale, outbox.SkippedStale}, {missing, outbox.SkippedMissing}} {
 		if got, err := outbox.Handle(b.ctx, b.db, tc.msg, never); err != nil || got != tc.want {
 			t.Errorf("%s: Handle = %v, %v; want %v", tc.msg.Key, got, err, tc.want)
@@ -203,7 +203,7 @@ func TestPayRace_NeverCancelsAPaidOrderNorLeavesAnUnpaidOne(t *testing.T) {
 		msg := b.order(t, id, time.Now())
 		var wg sync.WaitGroup
 		var paid bool
-		var outcome outbox.Outcome
+		var outcome outbox.HandleResult
 		var payErr, handleErr error
 		wg.Add(2)
 		go func() { defer wg.Done(); paid, payErr = pay(b.ctx, b.db, id) }()

@@ -5,17 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
-
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/internal/store"
 )
-
-// MillisUTC truncates t to the millisecond and returns it in UTC: due
-// times are stored in epoch milliseconds (due_ms), so a DueAt read back
-// from the table equals MillisUTC of the one scheduled. It is
-// broker.MillisUTC, here for callers that only use the outbox.
-func MillisUTC(t time.Time) time.Time { return broker.MillisUTC(t) }
 
 // Overdue reports whether the task of (topic, key) is due by the
 // database's clock and not finished: pending, published, or dead (its

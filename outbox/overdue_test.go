@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/outbox"
 )
 
@@ -49,8 +50,8 @@ func TestMillisUTC_IsWhatTheTableGivesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !info.Task.DueAt.Equal(outbox.MillisUTC(due)) || info.Task.DueAt.Location() != time.UTC {
-		t.Errorf("DueAt read back %v, MillisUTC %v", info.Task.DueAt, outbox.MillisUTC(due))
+	if !info.Task.DueAt.Equal(broker.MillisUTC(due)) || info.Task.DueAt.Location() != time.UTC {
+		t.Errorf("DueAt read back %v, MillisUTC %v", info.Task.DueAt, broker.MillisUTC(due))
 	}
 	var ms int64
 	if err := b.db.QueryRow("SELECT due_ms FROM delay_task WHERE topic = 'c' AND task_key = 'ms'").Scan(&ms); err != nil || ms != outbox.Millis(due) {

@@ -644,7 +644,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	// A row a consumer finished (or a payment cancelled) before the mark
 	// stays as they left it; the broker confirmed its message all the same.
 	marked := false // the confirmed rows are recorded: not to be published again
-	ok, failed, dead, rerr := store.Record(ctx, r.db, batch, results, store.Outcome{
+	ok, failed, dead, rerr := store.Record(ctx, r.db, batch, results, store.RecordParams{
 		Owner: owner, From: store.Pending, Stamp: stamp, Stopping: stopping,
 		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
 			if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {

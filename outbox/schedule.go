@@ -66,7 +66,7 @@ func Get(ctx context.Context, q Querier, topic, key string) (*TaskInfo, error) {
 
 // Schedule is the package's Schedule under o's limits.
 func (o *writer) Schedule(ctx context.Context, q Querier, t Task) (int64, error) {
-	if err := checkQuerier("Schedule", q); err != nil {
+	if err := store.CheckQuerier("Schedule", q); err != nil {
 		return 0, err
 	}
 	if err := o.cfg.validate(&t); err != nil {
@@ -115,7 +115,7 @@ func ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
 
 // ScheduleMany is the package's ScheduleMany under o's limits.
 func (o *writer) ScheduleMany(ctx context.Context, q Querier, tasks []Task) error {
-	if err := checkQuerier("ScheduleMany", q); err != nil {
+	if err := store.CheckQuerier("ScheduleMany", q); err != nil {
 		return err
 	}
 	type row struct {

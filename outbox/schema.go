@@ -10,9 +10,11 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// ErrSchemaBehind is returned by CheckSchema when the database lacks a
-// migration this binary ships: a process built for a newer schema must
-// not run on an older one (a missing table or index fails later, mid-work).
+// ErrSchemaBehind reports a database that lacks a migration this binary
+// ships. CheckSchema returns it before work starts, and a read that finds
+// a migration's table missing wraps it: a process built for a newer schema
+// must not run on an older one (a missing table or index fails later,
+// mid-work).
 var ErrSchemaBehind = errors.New("outbox: the database schema is older than this binary")
 
 // CheckSchema reports ErrSchemaBehind, naming the missing migrations, when

@@ -28,10 +28,6 @@ const (
 	statsInsertRows = 500
 )
 
-// ErrNotMigrated reports a database whose schema is older than this code
-// needs.
-var ErrNotMigrated = errors.New("outbox: the database is not migrated to this version")
-
 // RefreshStats counts the outbox by state and topic, and the overdue
 // tasks with grace, and replaces the summary that status and the metrics
 // read. The count reads every row (a walk of the (state, topic) index); run

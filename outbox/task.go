@@ -168,16 +168,6 @@ func (c config) validateDue(due time.Time) error {
 	return nil
 }
 
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence, so
-// the result fits a VARCHAR in strict mode.
-func truncate(s string, n int) string { return store.Truncate(s, n) }
-
-// chunks splits ids into slices small enough for one IN list, as []any.
-func chunks(ids []int64) [][]any { return store.Chunks(ids) }
-
-// inList returns "(?,?,…)" with n placeholders.
-func inList(n int) string { return store.InList(n) }
-
 // ErrNoQuerier is returned, wrapped, by a call given no transaction or
 // database (a nil Querier, or a nil *sql.Tx, *sql.DB or *sql.Conn in one).
 var ErrNoQuerier = store.ErrNoQuerier
@@ -185,7 +175,7 @@ var ErrNoQuerier = store.ErrNoQuerier
 // checkCall refuses a nil querier, naming the call, and a topic or key no
 // task can have (checked as Schedule checks them), before any query.
 func checkCall(call string, q Querier, topic, key string) error {
-	if err := checkQuerier(call, q); err != nil {
+	if err := store.CheckQuerier(call, q); err != nil {
 		return err
 	}
 	if err := broker.ValidateTopic(topic); err != nil {
@@ -196,6 +186,3 @@ func checkCall(call string, q Querier, topic, key string) error {
 	}
 	return nil
 }
-
-// checkQuerier refuses a nil querier, naming the call.
-func checkQuerier(call string, q Querier) error { return store.CheckQuerier(call, q) }

@@ -362,7 +362,7 @@ func (s *Scanner) Rescue(ctx context.Context) (int, error) {
 	results := broker.PublishResults(perr, len(msgs))
 	stopping := ctx.Err() != nil
 	stamp := s.cfg.Now().UnixMilli()
-	ok, failed, dead, rerr := store.Record(ctx, s.db, claimed, results, store.Outcome{
+	ok, failed, dead, rerr := store.Record(ctx, s.db, claimed, results, store.RecordParams{
 		Owner: owner, From: store.Published, Stamp: stamp, Stopping: stopping,
 		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
 			_, err := store.MarkRescued(rctx, s.db, owner, ok, stamp, s.cfg.Grace, time.Hour)

@@ -105,7 +105,7 @@ FROM delay_task_stats_run r LEFT JOIN delay_task_stats s ON TRUE WHERE r.id = 1`
 	if err != nil {
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1146 {
-			return nil, fmt.Errorf("%w: the task count summary (migration 4) is missing; run `delaybridge migrate` (or outbox.Migrate): %v", outbox.ErrNotMigrated, err)
+			return nil, fmt.Errorf("%w: the task count summary (migration 4) is missing; run `delaybridge migrate` (or outbox.Migrate): %v", outbox.ErrSchemaBehind, err)
 		}
 		return nil, fmt.Errorf("outbox: stats: read summary: %w", err)
 	}

@@ -73,8 +73,8 @@ func TestReadStats_OnADatabaseBeforeMigration4SaysToMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ops.ReadStats(b.ctx, b.db, time.Now(), time.Second, time.Minute)
-	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "delaybridge migrate") {
-		t.Fatalf("err = %v, want ErrNotMigrated naming delaybridge migrate", err)
+	if !errors.Is(err, outbox.ErrSchemaBehind) || !strings.Contains(err.Error(), "delaybridge migrate") {
+		t.Fatalf("err = %v, want ErrSchemaBehind naming delaybridge migrate", err)
 	}
 }
 

@@ -12,8 +12,8 @@ import (
 // the claimer's context ended.
 const RecordTimeout = 10 * time.Second
 
-// Outcome says how Record writes down what the publish of a claim did.
-type Outcome struct {
+// RecordParams says how Record writes down what the publish of a claim did.
+type RecordParams struct {
 	// Owner and From are the claim's: rows are changed only while Owner
 	// holds them in state From.
 	Owner int64
@@ -44,7 +44,7 @@ type Outcome struct {
 // refused keeps its own error as its reason, one statement a reason.
 // Rows it could not record keep their lease and are claimed again when it
 // expires: at worst published twice, which the consumer makes harmless.
-func Record(ctx context.Context, db *sql.DB, batch []Claimed, results []error, o Outcome) (ok, failed, refused []Claimed, err error) {
+func Record(ctx context.Context, db *sql.DB, batch []Claimed, results []error, o RecordParams) (ok, failed, refused []Claimed, err error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()
 	ok, failed, refused = SplitResults(batch, results)
