@@ -39,16 +39,16 @@ test: lint services tools
 # the coordinator, golang/go#75804), which a loaded box hits.
 FUZZTIME ?= 2000000x
 fuzz:
-	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./broker/
-	go test -run '^$$' -fuzz '^FuzzPlanChainMakesProgress$$' -fuzztime $(FUZZTIME) ./broker/
-	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./broker/
-	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./broker/
+	go test -run '^$$' -fuzz '^FuzzLimitsPlan$$' -fuzztime $(FUZZTIME) ./internal/broker/
+	go test -run '^$$' -fuzz '^FuzzPlanChainMakesProgress$$' -fuzztime $(FUZZTIME) ./internal/broker/
+	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/broker/
+	go test -run '^$$' -fuzz '^FuzzDeadMessage$$' -fuzztime $(FUZZTIME) ./internal/broker/
 	go test -run '^$$' -fuzz '^FuzzDecodeHeaders$$' -fuzztime $(FUZZTIME) ./internal/store/
-	go test -run '^$$' -fuzz '^FuzzFromTable$$' -fuzztime $(FUZZTIME) ./rabbit/
+	go test -run '^$$' -fuzz '^FuzzFromTable$$' -fuzztime $(FUZZTIME) ./internal/rabbit/
 	go test -run '^$$' -fuzz '^FuzzParseWhen$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
 	go test -run '^$$' -fuzz '^FuzzParseWhenSigns$$' -fuzztime $(FUZZTIME) ./cmd/delaybridge/internal/cli/
 	go test -run '^$$' -fuzz '^FuzzParseConfigFile$$' -fuzztime $(FUZZTIME) ./internal/settings/
-	go test -run '^$$' -fuzz '^FuzzParseLevelsSetting$$' -fuzztime $(FUZZTIME) ./rocket/
+	go test -run '^$$' -fuzz '^FuzzParseLevelsSetting$$' -fuzztime $(FUZZTIME) ./internal/rocket/
 
 # Unit tests only: no services needed.
 test-unit:

@@ -11,11 +11,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/services"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // ErrStarted is returned by Handle after Start or Stop, and by a second
@@ -30,9 +30,9 @@ var ErrStarted = errors.New("delaybridge: client already started or stopped")
 // the same Config. Build it with NewClient, register handlers with Handle,
 // then Start; Stop when done.
 //
-// The pieces it is made of stay available: outbox.Schedule and friends,
-// outbox.NewConsumer, outbox.NewRelay, scanner.New, the adapters'
-// NewPublisher and NewSubscriber.
+// The client is the one way in: the relay, the consumer, the scanner and
+// the cleaner it starts are internal, and delaybridge run starts the same
+// ones from the same place.
 type Client struct {
 	db     *sql.DB
 	cfg    Config
@@ -86,8 +86,8 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 func (c *Client) Broker() broker.Adapter { return c.broker }
 
 // Schedule writes t in tx, the caller's transaction: the task exists
-// exactly when the caller's own writes commit. See outbox.Schedule for
-// its errors (ErrDuplicate, bad input).
+// exactly when the caller's own writes commit. A second task of the same
+// topic and key is ErrDuplicate; bad input is an error and writes nothing.
 func (c *Client) Schedule(ctx context.Context, tx *sql.Tx, t Task) (int64, error) {
 	return outbox.Schedule(ctx, tx, t)
 }
@@ -112,7 +112,8 @@ func (c *Client) Get(ctx context.Context, q Querier, topic, key string) (*TaskIn
 }
 
 // Overdue reports whether the task of (topic, key) is due and not yet
-// finished, the read path's lazy check (see outbox.Overdue).
+// finished, by the database's clock: the read path's lazy check, true as
+// soon as the due time passes, before the handler has run.
 func (c *Client) Overdue(ctx context.Context, q Querier, topic, key string) (bool, error) {
 	return outbox.Overdue(ctx, q, topic, key)
 }

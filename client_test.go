@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // clientBundle is what a Client test on the real services needs.

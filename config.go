@@ -5,10 +5,10 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/settings"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // TLSFiles are the files of one TLS client setup, the --<name>-tls-ca,

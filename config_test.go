@@ -13,12 +13,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rocket"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/settings"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // clearEnv unsets every DELAYBRIDGE_* variable for the test.

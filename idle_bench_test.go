@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rocket"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // BenchmarkIdle runs, with nothing due, a Client with default settings

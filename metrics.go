@@ -8,9 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 )
 
 // Metrics are the Prometheus series of a relay, a scanner and a consumer

@@ -9,10 +9,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
 )
 
 // adapter opens one real broker for the flow tests.
@@ -65,7 +65,7 @@ func rabbitAdapter(t testing.TB) adapter {
 				t.Fatal(err)
 			}
 			// The ladder's queue names: <prefix>.delay.<level> and the topic's
-			// consumer queue <prefix>.q.<topic> (rabbit/ladder.go).
+			// consumer queue <prefix>.q.<topic> (internal/rabbit/ladder.go).
 			lost := 0
 			for _, q := range append(ladderQueues(cfg), cfg.Prefix+".q."+topic) {
 				n, err := ch.QueuePurge(q, false)

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
 )
 
 const (

@@ -33,10 +33,10 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // proc is one process of a pipeline the test can kill and start again.

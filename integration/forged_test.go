@@ -14,11 +14,11 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 	"github.com/delaybridge/delaybridge/internal/wire"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // reasons records why deliveries went dead.

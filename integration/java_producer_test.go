@@ -14,9 +14,9 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // javaProducer builds examples/java-producer (its driver from Maven Central

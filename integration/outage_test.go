@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 // outageLength is how long each broker is out. Long enough that a relay

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // clusterQueue is one row of rabbitmqctl list_queues name leader members

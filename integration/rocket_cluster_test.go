@@ -15,9 +15,9 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rocket"
 )
 
 // TestRocketCluster_KilledBrokerReturnsAndDeliversItsWheel: broker-a is

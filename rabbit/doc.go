@@ -1,5 +1,6 @@
-// Package rabbit is the RabbitMQ adapter: a Publisher with pipelined
-// confirms and a Subscriber with manual acks and reconnect, delaying messages
+// Package rabbit is the RabbitMQ adapter: New builds it from a Config. It
+// publishes with pipelined confirms and consumes with manual acks and
+// reconnects, delaying messages
 // either through a plugin-free ladder of quorum queues (the default) or the
 // x-delayed-message exchange when that plugin is installed and chosen
 // (Config.Mode).
@@ -28,9 +29,9 @@
 //
 // ModeDelayedExchange declares an x-delayed-message exchange and publishes
 // with an x-delay header, hopping past the plugin's 2^32 − 1 ms. Without the
-// plugin the broker answers 503 "unknown exchange type"; NewPublisher and
-// Subscribe then fail with ErrPluginMissing, which names ladder mode;
-// PluginPresent asks a broker beforehand.
+// plugin the broker answers 503 "unknown exchange type"; connecting then fails
+// with ErrPluginMissing, which names ladder mode; delaybridge doctor asks a
+// broker beforehand.
 //
 // # Choosing a mode
 //
@@ -59,7 +60,7 @@
 //
 // # Connections
 //
-// A Publisher owns one connection per channel, named "<ConnectionName>
+// The publisher owns one connection per channel, named "<ConnectionName>
 // publisher <i>", each with one confirm-mode channel used by one goroutine;
 // each subscription owns a connection named "<ConnectionName> subscriber
 // <topic>". Both reconnect with backoff after the broker restarts or drops

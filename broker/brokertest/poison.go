@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/wire"
 )
 

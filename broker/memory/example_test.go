@@ -6,8 +6,8 @@ import (
 	"log"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // A consumer on the in-memory broker: a message published now and due in

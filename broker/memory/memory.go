@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // Config configures a Broker. Zero values mean the defaults stated.

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/brokertest"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 func TestMemoryBroker_Conformance(t *testing.T) {

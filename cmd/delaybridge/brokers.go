@@ -6,12 +6,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/settings"
-	"github.com/delaybridge/delaybridge/rabbit"
-	"github.com/delaybridge/delaybridge/rocket"
 )
 
 // DefaultAMQPURL is the local development RabbitMQ that

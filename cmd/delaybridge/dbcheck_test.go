@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 func TestDoctor_ProbesThatSkipLockedReallySkips(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // dead replay --topic and --all replay many dead tasks, in batches, only

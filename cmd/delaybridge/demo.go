@@ -17,12 +17,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
 	ordertimeout "github.com/delaybridge/delaybridge/internal/orders"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rocket"
-	"github.com/delaybridge/delaybridge/scanner"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rocket"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 )
 
 func newDemoCmd(a *app) *cobra.Command {

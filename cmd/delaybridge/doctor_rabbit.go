@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 )
 
 func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 )
 
 // doctor warns about a ladder on a RabbitMQ cluster older than 3.12.5 with

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/rocket"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 )
 
 func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe time.Duration) {

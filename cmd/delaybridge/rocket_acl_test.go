@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
-	"github.com/delaybridge/delaybridge/rocket"
+	"github.com/delaybridge/delaybridge/internal/rocket"
 )
 
 // firstRequest accepts one connection on ln and returns the first RocketMQ

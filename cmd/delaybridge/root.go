@@ -15,10 +15,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 	"github.com/delaybridge/delaybridge/internal/redact"
 	"github.com/delaybridge/delaybridge/internal/settings"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // DefaultMySQLDSN is the local development database that

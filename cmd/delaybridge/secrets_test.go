@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/settings"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 func TestReadSecretFile_TrimsOneLineAndRefusesEverythingElse(t *testing.T) {

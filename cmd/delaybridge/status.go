@@ -14,7 +14,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 func newStatusCmd(a *app) *cobra.Command {

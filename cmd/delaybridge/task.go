@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 func newTaskCmd(a *app) *cobra.Command {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // Whatever a producer wrote into a row's columns, task show and dead list

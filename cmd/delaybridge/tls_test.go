@@ -22,9 +22,9 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/rabbit"
 )
 
 // testTLS are the local test CA and client certificate that

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // TestRun_TopologyMismatchIsLoudAndAnUnconsumedTopicShows is the issue's

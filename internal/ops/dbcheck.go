@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 // ErrUnsupportedDatabase reports a database the relay cannot claim rows on

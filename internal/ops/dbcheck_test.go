@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 func TestParseVersion_DecidesFromRealVersionStrings(t *testing.T) {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // ListDead returns up to limit dead tasks, oldest due first.

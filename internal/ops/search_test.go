@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // loadSearchRows writes n tasks over three topics and every state, due one

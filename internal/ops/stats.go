@@ -9,9 +9,9 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/percentile"
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // Stats is the operator's view of the outbox that `delaybridge status`

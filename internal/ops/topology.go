@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 // UnconsumedScan is how many overdue tasks Unconsumed reads at most.

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 func rabbitTopology(prefix string) broker.Topology {

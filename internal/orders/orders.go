@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/percentile"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // Topic is where order cancellations travel.

@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/orders"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
 )
 
 func TestOrderTimeout_UnpaidOrdersCancelPaidOnesStay(t *testing.T) {

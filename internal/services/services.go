@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/scanner"
+	"github.com/delaybridge/delaybridge/internal/broker"
+	"github.com/delaybridge/delaybridge/internal/outbox"
+	"github.com/delaybridge/delaybridge/internal/scanner"
 )
 
 // Config names the parts to run. A nil part is not run.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // States of delay_task rows, as stored; outbox.State names the same values.

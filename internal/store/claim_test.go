@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // A claim given After takes the rows after it in (due_ms, id) order, ties

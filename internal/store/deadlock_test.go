@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/store"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim makes the relay's

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // maxHeadersJSON is what the headers column (TEXT) holds. JSON escapes a

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // A column another producer wrote, numbers and all, reads as text; what

@@ -20,13 +20,13 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/percentile"
-	"github.com/delaybridge/delaybridge/outbox"
-	"github.com/delaybridge/delaybridge/rabbit"
+	"github.com/delaybridge/delaybridge/internal/rabbit"
 	"log/slog"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 
-	"github.com/delaybridge/delaybridge/broker"
+	"github.com/delaybridge/delaybridge/internal/broker"
 )
 
 // Clients are an opened adapter's publisher and subscriber.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 // PresenceExpiry is how long after its last heartbeat a consumer stops

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // BenchmarkConsole loads DELAYBRIDGE_BENCH_CONSOLE_ROWS tasks into a

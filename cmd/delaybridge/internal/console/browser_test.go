@@ -19,9 +19,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console/consoletest"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
 	"github.com/delaybridge/delaybridge/internal/testutil"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // consoleBundle is a console over a migrated scratch database, served by

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/redact"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 type deadData struct {

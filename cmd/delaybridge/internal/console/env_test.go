@@ -10,8 +10,8 @@ import (
 	"database/sql"
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // doctorRanCheck is what the doctor of testEnv reports: the console's

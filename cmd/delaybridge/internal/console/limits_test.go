@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 // The brokers page and the planned hops use the limits the flags put in

@@ -20,8 +20,8 @@ import (
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
 	"github.com/delaybridge/delaybridge/internal/driver"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/redact"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 //go:embed web/*.html web/*.css

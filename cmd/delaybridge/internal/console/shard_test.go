@@ -15,8 +15,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/console/consoletest"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // unreachableShard is a shard whose server refuses every connection: a

@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 // A payload cut at the reveal limit stays text when it was text: the cut

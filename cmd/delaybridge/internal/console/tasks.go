@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delaybridge/delaybridge/broker"
 	"github.com/delaybridge/delaybridge/cmd/delaybridge/internal/cli"
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/ops"
-	"github.com/delaybridge/delaybridge/outbox"
+	"github.com/delaybridge/delaybridge/internal/outbox"
 )
 
 type tasksData struct {

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
-	"github.com/delaybridge/delaybridge/outbox"
 )
 
 // Topic is the topic of most tasks Schedule makes.
