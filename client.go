@@ -66,7 +66,7 @@ func NewClient(db *sql.DB, cfg Config) (*Client, error) {
 	// The relay's and the scanner's own rules, before Start opens anything
 	// (the broker's limits, read when it connects, are checked again then).
 	if cfg.Relay != nil {
-		if err := cfg.Relay.Check(broker.Limits{}); err != nil {
+		if err := cfg.Relay.outbox().Check(broker.Limits{}); err != nil {
 			return nil, fmt.Errorf("delaybridge: Config.Relay: %w", err)
 		}
 	}
@@ -372,7 +372,7 @@ func (c *Client) startBackground(ctx context.Context, conn *broker.Connection, t
 		grace = sc.Grace
 	}
 	if c.cfg.Relay != nil {
-		rc := *c.cfg.Relay
+		rc := c.cfg.Relay.outbox()
 		rc.Logger = cmp.Or(rc.Logger, c.cfg.Logger)
 		if m := c.cfg.Metrics; m != nil {
 			rc.Hooks = joinRelayHooks(rc.Hooks, m.RelayHooks())

@@ -49,7 +49,7 @@ func setup(t *testing.T) *clientBundle {
 	t.Cleanup(func() { testenv.DeleteRabbitPrefix(t, url, prefix) })
 	rc := rabbit.Config{URL: url, Prefix: prefix, Depth: 8}
 	return &clientBundle{ctx: ctx, db: db, rabbit: rc, cfg: delaybridge.Config{Broker: rabbit.New(rc),
-		Relay: &outbox.RelayConfig{IdleMax: 50 * time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+		Relay: &delaybridge.RelayConfig{IdleMax: 50 * time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 }
 
 // schedule commits one task due now.
@@ -213,7 +213,7 @@ func TestClient_AFailedStartWithdrawsItsPresence(t *testing.T) {
 	rc := b.rabbit
 	rc.Unit, rc.Depth = 100*time.Millisecond, 4 // one hop: 1.5 s
 	cfg := b.on(rc)
-	cfg.Relay = &outbox.RelayConfig{Lookahead: 10 * time.Second}
+	cfg.Relay = &delaybridge.RelayConfig{Lookahead: 10 * time.Second}
 	c, err := delaybridge.NewClient(b.db, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/broker"
-	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/rabbit"
 	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/scanner"
@@ -143,7 +142,10 @@ func TestNewClient_RefusesBadSettingsWithoutConnecting(t *testing.T) {
 			c.Broker = rocket.New(rocket.Config{NameServers: []string{"x:1"}, CreateTopics: true})
 		}, want: "needs a BrokerAddr"},
 		{mod: func(c *delaybridge.Config) { rabbitX(c); c.SigningKeys = "k" }, want: "--signing-keys"},
-		{mod: func(c *delaybridge.Config) { rabbitX(c); c.Relay = &outbox.RelayConfig{Lookahead: time.Millisecond} }, want: "Config.Relay: outbox: NewRelay: Lookahead 1ms"},
+		{mod: func(c *delaybridge.Config) {
+			rabbitX(c)
+			c.Relay = &delaybridge.RelayConfig{Lookahead: time.Millisecond}
+		}, want: "Config.Relay: outbox: NewRelay: Lookahead 1ms"},
 		{mod: func(c *delaybridge.Config) { rabbitX(c); c.Scanner = &scanner.Config{Lease: time.Second} }, want: "Config.Scanner: scanner: Lease 1s"},
 		{mod: func(c *delaybridge.Config) {
 			rabbitX(c)

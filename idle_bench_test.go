@@ -32,7 +32,7 @@ func BenchmarkIdle(b *testing.B) {
 	if _, err := outbox.Migrate(ctx, db); err != nil {
 		b.Fatal(err)
 	}
-	cfg := delaybridge.Config{Relay: &outbox.RelayConfig{}, Scanner: &scanner.Config{},
+	cfg := delaybridge.Config{Relay: &delaybridge.RelayConfig{}, Scanner: &scanner.Config{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if os.Getenv("DELAYBRIDGE_BENCH_IDLE_BROKER") == "rocket" {
 		cfg.Broker = rocket.New(rocket.Config{NameServers: []string{testenv.RocketMQ(b)}, GroupPrefix: testenv.Name("idle"),

@@ -41,7 +41,7 @@ var layers = map[string][]string{
 	"cmd/delaybridge/internal/console": {".", "internal/broker", "cmd/delaybridge/internal/cli", "internal/driver", "internal/ops", "internal/redact", "internal/settings", "internal/outbox", "internal/rabbit", "internal/rocket"},
 	"cmd/delaybridge/internal/console/consoletest": {"internal/testenv", "internal/outbox"},
 	"examples":              {},
-	"examples/ordertimeout": {".", "internal/orders", "rabbit", "rocket"},
+	"examples/ordertimeout": {".", "rabbit", "rocket"},
 	"integration":           {}, // its tests import everything
 	"internal/orders":       {"internal/broker", "internal/ops", "internal/percentile", "internal/outbox"},
 	"internal/services":     {"internal/broker", "internal/outbox", "internal/scanner"},

@@ -28,8 +28,6 @@ type (
 	HandlerFunc = outbox.HandlerFunc
 	// Querier is a *sql.DB, *sql.Tx or *sql.Conn.
 	Querier = outbox.Querier
-	// RelayConfig tunes the relay a Client runs when Config.Relay is set.
-	RelayConfig = outbox.RelayConfig
 	// ScannerConfig tunes the scanner a Client runs when Config.Scanner
 	// is set.
 	ScannerConfig = scanner.Config

@@ -95,7 +95,7 @@ demo_inventory tables and the order-cancel tasks of earlier runs.`,
 			// One Client is the whole order service, as in
 			// examples/ordertimeout: the cancel consumer, the relay and the
 			// scanner with the unpaid-orders business source.
-			cfg.Relay = &outbox.RelayConfig{IdleMax: 100 * time.Millisecond}
+			cfg.Relay = &delaybridge.RelayConfig{IdleMax: 100 * time.Millisecond}
 			cfg.Scanner = &scanner.Config{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
 				Business: &scanner.Business{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(15 * time.Second), Handle: svc.CancelIfUnpaid}}
 			cfg.Consumer = broker.ConsumerConfig{Concurrency: 16}

@@ -10,8 +10,8 @@ import (
 )
 
 // The binary depends on no example: an example is code to read and copy,
-// never a library, so what delaybridge demo shares with examples/ordertimeout
-// lives in internal/orders.
+// never a library. The demo's order service lives in internal/orders;
+// examples/ordertimeout carries its own, on the public API only.
 func TestBinary_ImportsNoExample(t *testing.T) {
 	t.Parallel()
 	const module = "github.com/delaybridge/delaybridge"
@@ -51,7 +51,7 @@ func TestBinary_ImportsNoExample(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{module + "/outbox", module + "/internal/orders"} {
+	for _, want := range []string{module + "/internal/outbox", module + "/internal/orders"} {
 		if !seen[want] {
 			t.Errorf("the walk never reached %s: it proves nothing", want)
 		}

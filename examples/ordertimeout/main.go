@@ -18,9 +18,9 @@
 // It replaces the demo_orders and demo_inventory tables and its topic's
 // tasks in the configured database.
 //
-// Its order service (the Schedule, Cancel and Overdue calls) is
-// internal/orders, which Go lets only this module import: to start a
-// service of your own from it, copy internal/orders/orders.go.
+// Its order service, orders.go, makes every delaybridge call through the
+// Client inside the order's own transaction: copy it to start a service of
+// your own.
 package main
 
 import (
@@ -38,7 +38,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delaybridge/delaybridge"
-	"github.com/delaybridge/delaybridge/internal/orders"
 	// The adapters --broker may name.
 	_ "github.com/delaybridge/delaybridge/rabbit"
 	_ "github.com/delaybridge/delaybridge/rocket"
@@ -104,21 +103,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if _, err := delaybridge.Migrate(ctx, db); err != nil {
 		return err
 	}
-	svc := &orders.Service{DB: db, Timeout: o.timeout, Topic: topic}
-	if err := svc.Setup(ctx, []string{"sku-a", "sku-b"}, 1000); err != nil {
-		return err
-	}
+	svc := &orderService{db: db, timeout: o.timeout}
 	// The relay and the scanner run in this process; a service deployed
 	// next to delaybridge run leaves both nil. The scanner also cancels
 	// orders left unpaid whatever became of their task.
 	cfg.Relay = &delaybridge.RelayConfig{IdleMax: 100 * time.Millisecond}
 	cfg.Scanner = &delaybridge.ScannerConfig{Grace: 5 * time.Second, Interval: 500 * time.Millisecond,
-		Business: &delaybridge.BusinessSource{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.UnpaidPastDue(10 * time.Second), Handle: svc.CancelIfUnpaid}}
+		Business: &delaybridge.BusinessSource{Name: "unpaid-orders", Every: 2 * time.Second, Query: svc.unpaidPastDue(10 * time.Second), Handle: svc.cancelIfUnpaid}}
 	client, err := delaybridge.NewClient(db, cfg)
 	if err != nil {
 		return err
 	}
-	if err := client.Handle(topic, svc.CancelTask); err != nil {
+	svc.client = client
+	if err := svc.setup(ctx, []string{"sku-a", "sku-b"}, 1000); err != nil {
+		return err
+	}
+	if err := client.Handle(topic, svc.cancelTask); err != nil {
 		return err
 	}
 	if err := client.Start(ctx); err != nil {
@@ -136,12 +136,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // story creates the orders, pays some in time and some too late, reads
 // them all through the lazy check, waits for the rest to expire and checks
 // the invariants.
-func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer) error {
+func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) error {
 	ids := make([]string, o.orders)
 	prefix := fmt.Sprintf("order-%d", time.Now().UnixMilli())
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
-		if err := svc.CreateOrder(ctx, ids[i], []string{"sku-a", "sku-b"}[i%2], 1+i%3); err != nil {
+		if err := svc.createOrder(ctx, ids[i], []string{"sku-a", "sku-b"}[i%2], 1+i%3); err != nil {
 			return err
 		}
 	}
@@ -163,12 +163,12 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 	}
 	// Every fourth order is paid at once, every fourth after its cancel
 	// time (that payment must be refused: the order is cancelled or shown
-	// EXPIRED, and orders.Service.Pay checks Overdue first); the
+	// EXPIRED, and orderService.pay checks Overdue first); the
 	// other half are never paid.
 	for i, id := range ids {
 		switch i % 4 {
 		case 0:
-			ok, err := svc.Pay(ctx, id)
+			ok, err := svc.pay(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -181,7 +181,7 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 			go func() {
 				defer wg.Done()
 				time.Sleep(time.Until(cancelTime.Add(500 * time.Millisecond)))
-				ok, err := svc.Pay(ctx, id)
+				ok, err := svc.pay(ctx, id)
 				if err != nil {
 					fail(err)
 					return
@@ -205,7 +205,7 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 		for readers.Err() == nil {
 			for _, id := range ids {
 				checkedAfter := time.Now().After(cancelTime)
-				status, err := svc.Show(ctx, id)
+				status, err := svc.show(ctx, id)
 				if err != nil {
 					fail(err)
 					return
@@ -223,30 +223,30 @@ func story(ctx context.Context, svc *orders.Service, o options, stdout io.Writer
 		}
 	}()
 	wg.Wait()
-	if _, err := svc.WaitSettled(ctx, cancelTime.Add(o.wait), 100*time.Millisecond); err != nil {
+	if err := svc.waitSettled(ctx, cancelTime.Add(o.wait)); err != nil {
 		return err
 	}
 	stopReading()
 	rg.Wait()
-	r, err := svc.Check(ctx, 0)
+	r, err := svc.check(ctx)
 	if err != nil {
 		return err
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	fmt.Fprintf(stdout, "orders %d: paid %d (%d at once, %d after the cancel time), cancelled %d (by timeout %d, by scanner %d)\n",
-		r.Orders, r.Paid, paid, late, r.Cancelled, r.CancelledBy["timeout"], r.CancelledBy["scanner"])
+		r.orders, r.paid, paid, late, r.cancelled, r.cancelledBy["timeout"], r.cancelledBy["scanner"])
 	fmt.Fprintf(stdout, "paid and cancelled: %d; unpaid past the cancel time: %d; cancelled early: %d; stock consistent: %v\n",
-		r.WronglyCancelled, r.LeftUnpaid, r.Early, r.StockOK)
+		r.wronglyCancelled, r.leftUnpaid, r.early, r.stockOK)
 	fmt.Fprintf(stdout, "reads: shown EXPIRED by the lazy check %d times, shown UNPAID after the cancel time %d times\n", shownExpired, len(shownStale))
-	fmt.Fprintf(stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.Lateness.P50, r.Lateness.P99, r.Lateness.Max)
+	fmt.Fprintf(stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.p50, r.p99, r.max)
 	var broken []error
 	broken = append(broken, errs...)
-	if r.WronglyCancelled != 0 || r.LeftUnpaid != 0 || r.Early != 0 || !r.StockOK {
+	if r.wronglyCancelled != 0 || r.leftUnpaid != 0 || r.early != 0 || !r.stockOK {
 		broken = append(broken, errors.New("an order invariant is broken"))
 	}
-	if r.Paid != paid+late || r.Paid+r.Cancelled != r.Orders {
-		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.Paid, paid+late, r.Paid+r.Cancelled, r.Orders))
+	if r.paid != paid+late || r.paid+r.cancelled != r.orders {
+		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.paid, paid+late, r.paid+r.cancelled, r.orders))
 	}
 	if late != 0 {
 		broken = append(broken, fmt.Errorf("%d payments after the cancel time went through", late))

@@ -200,7 +200,7 @@ var (
 
 // known are the adapters of this module, which a program links by
 // importing their package.
-var known = map[string]string{"rabbit": "github.com/delaybridge/delaybridge/internal/rabbit", "rocket": "github.com/delaybridge/delaybridge/internal/rocket"}
+var known = map[string]string{"rabbit": "github.com/delaybridge/delaybridge/rabbit", "rocket": "github.com/delaybridge/delaybridge/rocket"}
 
 // Register makes an adapter available under name. The adapters call it
 // from init; a second registration of a name panics.
