@@ -302,6 +302,7 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		if m := c.cfg.Metrics; m != nil {
 			cc.Hooks = joinConsumerHooks(cc.Hooks, m.ConsumerHooks())
 		}
+		cc = broker.WithTracing(cc, broker.NewTracing(c.cfg.TracerProvider, c.broker.Name()))
 		if c.consumer, err = outbox.NewConsumer(c.db, conn.Subscriber, conn.Publisher, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			fn, ok := handlers[m.Topic]
 			if !ok {
@@ -360,7 +361,7 @@ func (c *Client) openBroker(ctx context.Context, withSub bool) (*broker.Connecti
 // and beside the relay the cleaner, the counts refresher and the relay's
 // presence record, as delaybridge run does (internal/services).
 func (c *Client) startBackground(ctx context.Context, conn *broker.Connection, topo broker.Topology) error {
-	parts := services.Config{Logger: c.cfg.Logger}
+	parts := services.Config{Logger: c.cfg.Logger, Tracing: broker.NewTracing(c.cfg.TracerProvider, c.broker.Name())}
 	var grace time.Duration
 	if c.cfg.Scanner != nil {
 		sc := *c.cfg.Scanner

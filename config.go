@@ -1,6 +1,7 @@
 package delaybridge
 
 import (
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 
 	"github.com/spf13/pflag"
@@ -86,6 +87,13 @@ type Config struct {
 	// deploy/grafana shows, and its outcomes and group sizes) come from the
 	// service that runs the handlers.
 	Metrics *Metrics
+	// TracerProvider, when set, makes OpenTelemetry spans: one for each
+	// task the relay publishes ("send") or the scanner publishes again
+	// ("rescue"), and one for each the handler runs ("process"), in the
+	// context the handler receives. Each links to the span that
+	// scheduled the task. Nil makes no spans and costs nothing. Schedule
+	// records the caller's span either way (docs/deployment.md).
+	TracerProvider trace.TracerProvider
 
 	// flat are the broker settings by flag, read when Broker is nil.
 	flat *driver.Settings

@@ -25,25 +25,26 @@ import (
 
 func newRunCmd(a *app) *cobra.Command {
 	var (
-		bf        brokerFlags
-		httpAddr  string
-		lookahead time.Duration
-		batch     int
-		workers   int
-		pace      time.Duration
-		grace     time.Duration
-		retention time.Duration
-		cleanDuty float64
-		noScan    bool
-		noClean   bool
-		drain     time.Duration
-		pubWait   time.Duration
-		maxBytes  int64
-		topics    []string
-		maxTopics int
-		statsEach time.Duration
-		mTopics   int
-		shardName string
+		bf           brokerFlags
+		httpAddr     string
+		lookahead    time.Duration
+		batch        int
+		workers      int
+		pace         time.Duration
+		grace        time.Duration
+		retention    time.Duration
+		cleanDuty    float64
+		noScan       bool
+		noClean      bool
+		drain        time.Duration
+		pubWait      time.Duration
+		maxBytes     int64
+		topics       []string
+		maxTopics    int
+		otlpEndpoint string
+		statsEach    time.Duration
+		mTopics      int
+		shardName    string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -102,6 +103,17 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			defer ln.Close()
+			tp, stopTracing, err := startTracing(ctx, otlpEndpoint, "delaybridge", shardName)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := stopTracing(tctx); err != nil {
+					a.log.Warn("delaybridge run: flushing traces failed", "err", err)
+				}
+			}()
 			ses, err := a.openSession(ctx, &bf, false, false)
 			if err != nil {
 				return err
@@ -125,6 +137,7 @@ back (up to --drain) and exits 0.`,
 				Stats:          &outbox.StatsRefresherConfig{Interval: statsEach, Grace: grace, Logger: a.log},
 				Presence:       &topo,
 				PresenceConfig: outbox.PresenceConfig{Logger: a.log},
+				Tracing:        broker.NewTracing(tp, bf.Broker),
 			}
 			if !noScan {
 				// A process without a scanner exports no scanner series.
@@ -198,6 +211,7 @@ back (up to --drain) and exits 0.`,
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one claim holds at most")
 	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics relayed (default: any); others go dead")
 	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "most topics relayed; more go dead (-1 = any)")
+	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP collector that receives traces, such as http://localhost:4318")
 	return cmd
 }
 

@@ -435,6 +435,7 @@ func (c *Consumer) processGroup(batch []job) {
 	now := c.cfg.Now()
 	msgs := make([]*Message, len(batch))
 	for i, j := range batch {
+		c.startSpan(j.d.Message, now)
 		msgs[i] = j.d.Message.Clone()
 	}
 	var errs []error
@@ -490,6 +491,7 @@ func (c *Consumer) processGroup(batch []job) {
 	if err != nil {
 		if c.hardCtx.Err() != nil {
 			for _, j := range batch {
+				endSpan(j.d.Message, "released", "shutdown", err)
 				c.nack(j)
 			}
 			return
@@ -500,6 +502,7 @@ func (c *Consumer) processGroup(batch []job) {
 			c.log.Warn("delaybridge: the handler's database is unavailable; giving the group back", "messages", len(batch), "err", err)
 			c.pause()
 			for _, j := range batch {
+				endSpan(j.d.Message, "released", "unavailable", err)
 				c.nack(j)
 			}
 			return
@@ -517,6 +520,7 @@ func (c *Consumer) processGroup(batch []job) {
 	}
 	for _, j := range alone {
 		if c.hardCtx.Err() != nil {
+			endSpan(j.d.Message, "released", "shutdown", nil)
 			c.nack(j)
 			continue
 		}
@@ -576,5 +580,6 @@ func (c *Consumer) process(j job) {
 		c.wait(j, m, now, remaining)
 		return
 	}
+	c.startSpan(m, now)
 	c.settle(j, c.run(m), now.Sub(m.DeliverAt))
 }

@@ -134,6 +134,18 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+
+	// tracing makes a span of each delivery the handler runs (see
+	// WithTracing). Off by default.
+	tracing Tracing
+}
+
+// WithTracing returns cfg with a span made for each delivery the handler
+// runs, in the context the handler receives, linked to the span that
+// scheduled the task. A zero t turns it off.
+func WithTracing(cfg ConsumerConfig, t Tracing) ConsumerConfig {
+	cfg.tracing = t
+	return cfg
 }
 
 // Defaults the runtime applies to a zero ConsumerConfig.

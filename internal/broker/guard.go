@@ -15,7 +15,7 @@ func (c *Consumer) run(m *Message) error {
 	if m.Rerun && c.cfg.Hooks.Rerun != nil {
 		c.cfg.Hooks.Rerun(m.Topic)
 	}
-	err := c.guard(m.Topic, c.cfg.policy(m.Topic).HandlerTimeout, "key "+m.Key, func(ctx context.Context) error { return c.h(ctx, mc) })
+	err := c.guard(m.Topic, c.cfg.policy(m.Topic).HandlerTimeout, "key "+m.Key, func(ctx context.Context) error { return c.h(SpanContext(ctx, mc), mc) })
 	// The attempt the handler's store counts decides retry or dead (see
 	// Message.Attempt); an abandoned handler may still be writing mc.
 	if !errors.Is(err, ErrHandlerStuck) && mc.Attempt >= 0 {

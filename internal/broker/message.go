@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"maps"
 	"strings"
 	"time"
@@ -76,6 +77,10 @@ type Message struct {
 	Trace string
 	// Headers are free string headers that travel with the message.
 	Headers map[string]string
+
+	// span is the consumer runtime's span of this delivery while the
+	// handler runs (tracing on); it does not travel.
+	span trace.Span
 }
 
 // MaxTrackedTopics bounds the per-topic state an adapter keeps (topics

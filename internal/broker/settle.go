@@ -16,6 +16,7 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 	var early *EarlyError
 	switch {
 	case err == nil:
+		endSpan(m, string(OutcomeApplied), "", nil)
 		c.ack(j)
 		if c.cfg.Hooks.Handled != nil {
 			c.cfg.Hooks.Handled(j.topic, max(lateness, 0))
@@ -24,11 +25,13 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 	case errors.Is(err, ErrSkipped):
 		// Nothing to do, and nothing that a retry would change: ack, even
 		// on a forced shutdown.
-		c.ack(j)
 		reason, _ := skipReason(err)
+		endSpan(m, string(OutcomeSkipped), reason, err)
+		c.ack(j)
 		c.settled(j.topic, OutcomeSkipped, reason)
 	case c.hardCtx.Err() != nil:
 		// Forced shutdown interrupted the handler: give the message back.
+		endSpan(m, "released", "shutdown", err)
 		c.nack(j)
 	case errors.Is(err, ErrUnavailable) && !IsPermanent(err):
 		// The handler's database, not the message, failed: give it back
@@ -36,6 +39,7 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 		// its attempts on every pass, and an outage longer than the
 		// backoff would send every task due in it to dead.
 		c.log.Warn("delaybridge: the handler's database is unavailable; giving the message back", "topic", j.topic, "key", m.Key, "err", err)
+		endSpan(m, "released", "unavailable", err)
 		c.pauseThenNack(j)
 	case errors.As(err, &early):
 		// Due by this host's clock, not by the handler's reference clock:
@@ -45,14 +49,18 @@ func (c *Consumer) settle(j job, err error, lateness time.Duration) {
 		if early.Remaining <= 0 {
 			early.Remaining = time.Millisecond
 		}
+		endSpan(m, "waiting", "early", err)
 		now := c.cfg.Now()
 		m.DeliverAt = MillisUTC(now.Add(early.Remaining + time.Millisecond))
 		c.wait(j, m, now, m.DeliverAt.Sub(now))
 	case IsPermanent(err):
+		endSpan(m, string(OutcomeDead), "permanent", err)
 		c.dead(j, &handlerFailed{fmt.Errorf("permanent failure on attempt %d: %w", m.Attempt+1, err)})
 	case m.Attempt+1 >= c.cfg.policy(j.topic).MaxAttempts:
+		endSpan(m, string(OutcomeDead), "attempts", err)
 		c.dead(j, &handlerFailed{fmt.Errorf("failed %d attempts, last: %w", m.Attempt+1, err)})
 	default:
+		endSpan(m, string(OutcomeRetried), "", err)
 		c.retry(j, err)
 	}
 }

@@ -221,7 +221,7 @@ func runFn(ctx context.Context, fn HandlerFunc, tx *sql.Tx, m *broker.Message) (
 			err = fmt.Errorf("outbox: handler panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return fn(ctx, tx, m)
+	return fn(broker.SpanContext(ctx, m), tx, m)
 }
 
 // lockGroup locks the task row of each message, by id where the message

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/store"
 )
 
@@ -69,6 +70,9 @@ func (o *writer) Schedule(ctx context.Context, q Querier, t Task) (int64, error)
 	if err := store.CheckQuerier("Schedule", q); err != nil {
 		return 0, err
 	}
+	if t.Trace == "" {
+		t.Trace = broker.TraceOf(ctx)
+	}
 	if err := o.cfg.validate(&t); err != nil {
 		return 0, err
 	}
@@ -126,7 +130,11 @@ func (o *writer) ScheduleMany(ctx context.Context, q Querier, tasks []Task) erro
 	rows := make([]row, len(tasks))
 	type topicKey struct{ topic, key string }
 	seen := make(map[topicKey]int, len(tasks))
+	trace := broker.TraceOf(ctx)
 	for i, t := range tasks {
+		if t.Trace == "" {
+			t.Trace = trace
+		}
 		if err := o.cfg.validate(&t); err != nil {
 			return fmt.Errorf("task %d: %w", i, err)
 		}
@@ -213,11 +221,17 @@ func (o *writer) Reschedule(ctx context.Context, q Querier, topic, key string, d
 		return err
 	}
 	now := o.cfg.Now().UnixMilli()
+	// The caller's span, when there is one, becomes the task's: the trace
+	// that moved it is the one its handler links to.
+	var trace any
+	if tr := broker.TraceOf(ctx); tr != "" {
+		trace = tr
+	}
 	res, err := q.ExecContext(ctx, `UPDATE delay_task
 SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
     next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?,
-    lease_owner = 0, rescues = 0, attempts = 0
-WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, topic, []byte(key))
+    lease_owner = 0, rescues = 0, attempts = 0, trace = COALESCE(?, trace)
+WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, trace, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)
 	}

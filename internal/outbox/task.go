@@ -57,7 +57,9 @@ type Task struct {
 	Payload []byte
 	// Headers are free string headers carried with the message.
 	Headers map[string]string
-	// Trace is an optional trace context (a W3C traceparent).
+	// Trace is the trace context the handler's span links to: a W3C
+	// traceparent, optionally followed by one space and the tracestate.
+	// Left empty, Schedule fills it from the span in its context, if any.
 	Trace string
 }
 

@@ -34,6 +34,9 @@ type Config struct {
 	// Logger, when not nil, logs a part that ends with an error before
 	// Stop. Nil logs nothing.
 	Logger *slog.Logger
+	// Tracing, when on, makes a span of each task the relay publishes
+	// and each the scanner publishes again.
+	Tracing broker.Tracing
 }
 
 // Group is the running parts of one Config. Build it with New, then
@@ -54,7 +57,7 @@ type Group struct {
 func New(ctx context.Context, db *sql.DB, pub broker.Publisher, cfg Config) (*Group, error) {
 	g := &Group{log: cfg.Logger}
 	if cfg.Relay != nil {
-		relay, err := outbox.NewRelay(db, pub, *cfg.Relay)
+		relay, err := outbox.NewRelay(db, broker.TracePublisher(pub, cfg.Tracing, "send"), *cfg.Relay)
 		if err != nil {
 			return nil, err
 		}
@@ -62,7 +65,7 @@ func New(ctx context.Context, db *sql.DB, pub broker.Publisher, cfg Config) (*Gr
 		g.runs = append(g.runs, relay.Run)
 	}
 	if cfg.Scanner != nil {
-		s, err := scanner.New(db, pub, *cfg.Scanner)
+		s, err := scanner.New(db, broker.TracePublisher(pub, cfg.Tracing, "rescue"), *cfg.Scanner)
 		if err != nil {
 			return nil, err
 		}

@@ -18,6 +18,7 @@ const defaultBenchTopic = "delaybridge-bench"
 
 // Options are bench's workload and tuning flags.
 type Options struct {
+	trace      bool
 	tasks      int
 	rate       float64
 	delay      time.Duration
@@ -72,6 +73,7 @@ func (o *Options) Register(f *pflag.FlagSet) {
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	f.BoolVar(&o.noNudge, "no-nudge", false, "producers do not wake the relay after each commit, as when it runs in another process")
 	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker instead of --broker, to measure the database and this process alone")
+	f.BoolVar(&o.trace, "trace", false, "make OpenTelemetry spans as a traced service would (batched, then dropped)")
 	f.BoolVar(&o.floor, "floor", false, "run the workload with --database-only's broker, then with --broker, and report both")
 }
 

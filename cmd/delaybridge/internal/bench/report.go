@@ -14,6 +14,7 @@ type benchResult struct {
 	Broker      string           `json:"broker"`
 	Mode        string           `json:"mode"`
 	Tasks       int              `json:"tasks"`
+	Tracing     bool             `json:"tracing,omitempty"`
 	Scheduled   int64            `json:"scheduled"`
 	Handled     int64            `json:"handled"`
 	Lost        int64            `json:"lost"`

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net"
 	"os"
@@ -107,6 +109,8 @@ type benchSession struct {
 	consumer *broker.Consumer
 	relay    *outbox.Relay
 	closers  []func()
+	// tracing is on with --trace: the spans a traced service makes.
+	tracing broker.Tracing
 
 	scheduleStart time.Time
 }
@@ -161,6 +165,12 @@ func (b *benchSession) run(ctx context.Context) error {
 	b.res = benchResult{Broker: b.env.Broker().Broker, Mode: b.env.Broker().Mode(), Tasks: o.tasks, HandlerMode: o.handler, Floor: floor}
 	if b.inProcess {
 		b.res.Mode = "database only, " + b.env.Broker().Broker + "'s lookahead"
+	}
+	if o.trace {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropSpans{}))
+		b.closers = append(b.closers, func() { _ = tp.Shutdown(context.Background()) })
+		b.tracing = broker.NewTracing(tp, b.env.Broker().Broker)
+		b.res.Tracing = true
 	}
 	if err := b.startConsumer(ctx); err != nil {
 		return err
@@ -297,7 +307,7 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		run.groupMicros.Add(took.Microseconds())
 		grouped(topic, n, took)
 	}
-	ccfg := broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.env.Log, Hooks: hooks, GroupSize: o.group}
+	ccfg := broker.WithTracing(broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.env.Log, Hooks: hooks, GroupSize: o.group}, b.tracing)
 	// The runtime's hold window with ccfg's HoldWindow unset: a message
 	// earlier than that goes on another hop.
 	sub := deliveryClock{b.cl.Sub, run, max(broker.DefaultHoldWindow, 2*b.cl.Pub.Limits().Precision)}
@@ -384,7 +394,7 @@ func (b *benchSession) newRelay() error {
 	hooks.Published = func(n int, took time.Duration) { b.tasks.relayed.Add(int64(n)); published(n, took) }
 	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }
 	var err error
-	b.relay, err = outbox.NewRelay(b.db, confirmClock{b.cl.Pub, b.tasks}, outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
+	b.relay, err = outbox.NewRelay(b.db, broker.TracePublisher(confirmClock{b.cl.Pub, b.tasks}, b.tracing, "send"), outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
 		Lookahead: b.ahead, Pace: b.o.pace, Logger: b.env.Log, Hooks: hooks})
 	return err
 }
@@ -422,7 +432,17 @@ func (b *benchSession) schedule(ctx context.Context) error {
 				if o.noNudge {
 					relay = nil
 				}
-				if err := benchSchedule(ctx, b.db, b.tasks, anchor, first, last, o.delay, o.spread, o.tasks, relay, o.handler == "db"); err != nil {
+				// With --trace, one request's span per transaction, as the
+				// order service's would be.
+				tctx, sp := ctx, trace.Span(nil)
+				if b.tracing.On() {
+					tctx, sp = b.tracing.Tracer.Start(ctx, "place orders")
+				}
+				err := benchSchedule(tctx, b.db, b.tasks, anchor, first, last, o.delay, o.spread, o.tasks, relay, o.handler == "db")
+				if sp != nil {
+					sp.End()
+				}
+				if err != nil {
 					perrOnce.Do(func() { perr = err })
 					return
 				}
@@ -452,3 +472,11 @@ func (b *benchSession) waitForHandlers(ctx context.Context) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// dropSpans is the exporter of --trace: the spans are made, batched and
+// handed over as a traced service's are, then dropped, so the bench
+// measures what tracing costs this process and not a collector.
+type dropSpans struct{}
+
+func (dropSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropSpans) Shutdown(context.Context) error                             { return nil }
