@@ -518,7 +518,8 @@ rocketmq_down() {
 # otelcol_up builds the test collector when its sources are newer than the
 # binary (Go fetches its modules from the proxy; the build cache keeps
 # later builds short), then starts it unless port 4318 already listens. It
-# writes every span it receives to $OTELCOL_DIR/otelcol.log.
+# writes every span it receives to $OTELCOL_DIR/otelcol.log. One started
+# from another checkout is stopped and started again from this one.
 otelcol_up() {
 	local t0 bin="$OTELCOL_DIR/otelcol"
 	t0=$(now)
@@ -527,6 +528,13 @@ otelcol_up() {
 		log "building the test OpenTelemetry Collector (scripts/otelcol)"
 		command -v go >/dev/null 2>&1 || die "otelcol: go is not on the PATH"
 		(cd "$SCRIPTS/otelcol" && go build -o "$bin.new" . && mv "$bin.new" "$bin") || die "otelcol: build failed"
+	fi
+	# The tests read this checkout's log: a collector started from another
+	# checkout (or by hand) is replaced.
+	if port_open 4318 && ! pid_alive "$OTELCOL_DIR/otelcol.pid"; then
+		log "otelcol on 4318 is not this checkout's; restarting it from here"
+		otelcol_down
+		wait_for otelcol 30 bash -c "! (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null" || die "otelcol: port 4318 stays taken"
 	fi
 	if port_open 4318; then
 		log "otelcol already listening on 4318"
