@@ -44,9 +44,11 @@
 // The delayed exchange moves no message between queues, but the plugin keeps
 // delayed messages in a Mnesia table on one node, not replicated, so a lost
 // node loses them (the outbox scanner publishes them again); mandatory cannot
-// report an unroutable message, which is routed only when due; and upstream
-// calls it unmaintained and meant for delays of a day or two, not for
-// hundreds of thousands of waiting messages.
+// report an unroutable message, which is routed only when due. The plugin
+// was archived upstream in January 2026 and cannot run on RabbitMQ 4.3 or
+// later, which removed Mnesia: the mode is deprecated, the ladder is the
+// supported mode, and docs/brokers.md says how to move a running
+// deployment to it.
 //
 // The exchanges and queues each mode declares, the traps the adapter avoids
 // and the broker setting the ladder needs are in docs/topology.md.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Local services for delaybridge's tests: MariaDB, RabbitMQ and RocketMQ 5.
+# Local services for delaybridge's tests: MariaDB, RabbitMQ, RocketMQ 5 and an
+# OpenTelemetry Collector (built from scripts/otelcol with Go).
 #
 #   scripts/services.sh up      install what is missing, start what is stopped, set up users
-#   scripts/services.sh down    stop all three (or only those named: down rocketmq)
+#   scripts/services.sh down    stop them all (or only those named: down rocketmq)
 #   scripts/services.sh status  print each service up/down
 #   scripts/services.sh env     print the settings the tests and CLI read, as export lines for eval
 #
@@ -38,6 +39,8 @@ RMQ_DIR="$ROOT/.services/rocketmq"
 RMQ_LIB="$RMQ_DIR/lib"
 RMQ_LOGS="$RMQ_DIR/logs"
 TLS_DIR="$ROOT/.services/tls"
+OTELCOL_DIR="$ROOT/.services/otelcol"
+OTLP_ENDPOINT='http://127.0.0.1:4318'
 MARIADB_TLS=/etc/mysql/delaybridge-tls
 RABBIT_TLS=/etc/rabbitmq/delaybridge-tls
 START_TIMEOUT="${DELAYBRIDGE_START_TIMEOUT:-120}"
@@ -512,6 +515,53 @@ rocketmq_down() {
 	stop_pid namesrv "$RMQ_DIR/namesrv.pid" org.apache.rocketmq.namesrv.NamesrvStartup 9876
 }
 
+# otelcol_up builds the test collector when its sources are newer than the
+# binary (Go fetches its modules from the proxy; the build cache keeps
+# later builds short), then starts it unless port 4318 already listens. It
+# writes every span it receives to $OTELCOL_DIR/otelcol.log. One started
+# from another checkout is stopped and started again from this one.
+otelcol_up() {
+	local t0 bin="$OTELCOL_DIR/otelcol"
+	t0=$(now)
+	mkdir -p "$OTELCOL_DIR"
+	if [[ ! -x "$bin" ]] || [[ -n "$(find "$SCRIPTS/otelcol" -newer "$bin" -type f)" ]]; then
+		log "building the test OpenTelemetry Collector (scripts/otelcol)"
+		command -v go >/dev/null 2>&1 || die "otelcol: go is not on the PATH"
+		(cd "$SCRIPTS/otelcol" && go build -o "$bin.new" . && mv "$bin.new" "$bin") || die "otelcol: build failed"
+	fi
+	# The tests read this checkout's log: a collector started from another
+	# checkout (or by hand) is replaced.
+	if port_open 4318 && ! pid_alive "$OTELCOL_DIR/otelcol.pid"; then
+		log "otelcol on 4318 is not this checkout's; restarting it from here"
+		otelcol_down
+		wait_for otelcol 30 bash -c "! (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null" || die "otelcol: port 4318 stays taken"
+	fi
+	if port_open 4318; then
+		log "otelcol already listening on 4318"
+	else
+		log "starting otelcol"
+		nohup "$bin" --config "file:$SCRIPTS/otelcol/config.yaml" >"$OTELCOL_DIR/otelcol.log" 2>&1 &
+		echo $! >"$OTELCOL_DIR/otelcol.pid"
+		wait_for otelcol 60 port_open 4318 || fail otelcol "$OTELCOL_DIR/otelcol.log"
+	fi
+	timing "otelcol up" "$(elapsed "$t0")"
+}
+
+otelcol_down() {
+	local pid=""
+	if pid_alive "$OTELCOL_DIR/otelcol.pid"; then
+		pid=$(cat "$OTELCOL_DIR/otelcol.pid")
+	else
+		pid=$(listener_pid 4318)
+	fi
+	if [[ -n "$pid" ]]; then
+		log "stopping otelcol (pid $pid)"
+		kill "$pid" 2>/dev/null || true
+		wait_for otelcol 30 bash -c "! kill -0 $pid 2>/dev/null" || kill -9 "$pid" 2>/dev/null || true
+	fi
+	rm -f "$OTELCOL_DIR/otelcol.pid"
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_up() {
@@ -522,6 +572,7 @@ cmd_up() {
 	mariadb_up
 	rabbit_up
 	rocketmq_up
+	otelcol_up
 	timing "up total" "$(elapsed "$t0")"
 	cmd_status
 }
@@ -531,15 +582,16 @@ cmd_down() {
 	# "down rocketmq" before a RabbitMQ benchmark that should have the cores
 	# to itself; "up" starts it again.
 	local s
-	(($#)) || set -- rocketmq rabbitmq mariadb
+	(($#)) || set -- otelcol rocketmq rabbitmq mariadb
 	for s in "$@"; do
 		case "$s" in
-		rocketmq | rabbitmq | mariadb) ;;
-		*) die "down: unknown service $s (want rocketmq, rabbitmq or mariadb); nothing stopped" ;;
+		otelcol | rocketmq | rabbitmq | mariadb) ;;
+		*) die "down: unknown service $s (want otelcol, rocketmq, rabbitmq or mariadb); nothing stopped" ;;
 		esac
 	done
 	for s in "$@"; do
 		case "$s" in
+		otelcol) otelcol_down ;;
 		rocketmq) rocketmq_down ;;
 		rabbitmq) rabbit_down ;;
 		mariadb) mariadb_down ;;
@@ -550,7 +602,7 @@ cmd_down() {
 
 cmd_status() {
 	local name port
-	for entry in "mariadb 3306" "rabbitmq 5672" "rocketmq-namesrv 9876" "rocketmq-broker 10911"; do
+	for entry in "mariadb 3306" "rabbitmq 5672" "rocketmq-namesrv 9876" "rocketmq-broker 10911" "otelcol 4318"; do
 		read -r name port <<<"$entry"
 		if port_open "$port"; then
 			printf '%-17s up   (127.0.0.1:%s)\n' "$name" "$port"
@@ -574,6 +626,8 @@ cmd_env() { # export lines: eval "$(scripts/services.sh env)" passes them to the
 		export DELAYBRIDGE_TEST_TLS_CA='$TLS_DIR/ca.pem'
 		export DELAYBRIDGE_TEST_TLS_CLIENT_CERT='$TLS_DIR/client.pem'
 		export DELAYBRIDGE_TEST_TLS_CLIENT_KEY='$TLS_DIR/client-key.pem'
+		export DELAYBRIDGE_TEST_OTLP_ENDPOINT='$OTLP_ENDPOINT'
+		export DELAYBRIDGE_TEST_OTELCOL_LOG='$OTELCOL_DIR/otelcol.log'
 	EOF
 }
 
@@ -586,7 +640,7 @@ down)
 status) cmd_status ;;
 env) cmd_env ;;
 *)
-	echo "usage: $0 up|down [rocketmq|rabbitmq|mariadb ...]|status|env" >&2
+	echo "usage: $0 up|down [otelcol|rocketmq|rabbitmq|mariadb ...]|status|env" >&2
 	exit 2
 	;;
 esac

@@ -52,6 +52,13 @@ func checkRabbit(ctx context.Context, a *app, bf *brokerFlags, r *report) {
 	} else {
 		r.ok("quorum queues with at-least-once dead-lettering work")
 	}
+	switch fail, warn := pluginRetirement(version, cfg.Mode == rabbit.ModeDelayedExchange); {
+	case fail != "":
+		r.fail("%s", fail)
+		return
+	case warn != "":
+		r.warn("%s", warn)
+	}
 	checkRabbitPlugin(ctx, bf, cfg, r)
 	if cfg.Mode != rabbit.ModeLadder {
 		return
@@ -109,6 +116,21 @@ func deliveryLimitWarning(version, prefix string) string {
 		version, regexp.QuoteMeta(prefix))
 }
 
+// pluginRetirement says what delayed-exchange mode faces on a broker of
+// version: the plugin was archived upstream in January 2026 and keeps its
+// messages in Mnesia, which RabbitMQ 4.3 removes, so there the mode
+// cannot run (fail); before it, the mode runs but is on its way out
+// (warn). Nothing in ladder mode.
+func pluginRetirement(version string, delayed bool) (fail, warn string) {
+	if !delayed {
+		return "", ""
+	}
+	if major, minor := versionOf(version); major > 4 || major == 4 && minor >= 3 {
+		return fmt.Sprintf("delayed-exchange mode cannot run on RabbitMQ %s: 4.3 removed Mnesia, where the delayed-message plugin keeps its messages; use --rabbit-mode ladder (docs/brokers.md, Moving to the ladder)", version), ""
+	}
+	return "", fmt.Sprintf("delayed-exchange mode is deprecated: the delayed-message plugin was archived upstream in January 2026 and cannot run on RabbitMQ 4.3 or later (this broker is %s); the ladder is the supported mode: move to it as docs/brokers.md says (Moving to the ladder)", version)
+}
+
 func versionOf(v string) (int, int) {
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {
@@ -143,5 +165,5 @@ func checkRabbitPlugin(ctx context.Context, bf *brokerFlags, cfg rabbit.Config, 
 	r.ok("delayed-message plugin present: delayed-exchange mode works; one hop is at most %v, longer delays hop", rabbit.MaxDelayedExchangeHop)
 	r.warn("delayed-exchange mode: the plugin keeps waiting messages in a Mnesia table on one node, not replicated; a lost node loses them and the scanner publishes them again after --grace (the ladder's quorum queues are replicated)")
 	r.warn("delayed-exchange mode: the plugin routes a message only when it is due, so publishing cannot ask for mandatory returns; a message whose topic queue is gone is dropped silently and only the scanner notices")
-	r.warn("delayed-exchange mode: upstream calls the plugin unmaintained and meant for delays of a day or two, not for hundreds of thousands of waiting messages; the ladder (--rabbit-mode ladder) has none of these limits")
+	r.warn("delayed-exchange mode: the plugin's own issues report messages delivered early with over 100,000 waiting and gigabytes of memory to hold millions; the ladder (--rabbit-mode ladder) has none of these limits")
 }

@@ -51,3 +51,27 @@ func TestDeliveryLimitWarning(t *testing.T) {
 		}
 	}
 }
+
+func TestPluginRetirement(t *testing.T) {
+	for _, c := range []struct {
+		version    string
+		delayed    bool
+		fail, warn bool
+	}{
+		{"3.10.8", true, false, true},
+		{"4.2.1", true, false, true},
+		{"4.3.0", true, true, false},
+		{"4.10.0", true, true, false},
+		{"5.0.0", true, true, false},
+		{"4.3.0", false, false, false},
+		{"3.10.8", false, false, false},
+	} {
+		fail, warn := pluginRetirement(c.version, c.delayed)
+		if (fail != "") != c.fail || (warn != "") != c.warn {
+			t.Errorf("%s delayed %v: fail %q, warn %q; want fail %v, warn %v", c.version, c.delayed, fail, warn, c.fail, c.warn)
+		}
+		if msg := fail + warn; msg != "" && (!strings.Contains(msg, "ladder") || !strings.Contains(msg, "docs/brokers.md") || !strings.Contains(msg, c.version)) {
+			t.Errorf("%s: %q must name the broker's version, the ladder and docs/brokers.md", c.version, msg)
+		}
+	}
+}

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -84,31 +88,32 @@ func (s *otlpSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(resp)
 }
 
-// run --otlp-endpoint exports the relay's span of each task it publishes,
-// linked to the trace the task was scheduled in, and flushes on shutdown.
-func TestRun_ExportsTheRelaysSpansOverOTLP(t *testing.T) {
+// runTraced schedules a task due now with a trace of its own, runs
+// delaybridge run with --otlp-endpoint endpoint until the task is
+// published, stops it, and returns the topic and the trace id.
+func runTraced(t *testing.T, endpoint string) (topic, traceID string) {
+	t.Helper()
 	dsn := scratch(t)
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
-	topic := testenv.Name("otlp")
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		t.Fatal(err)
+	}
+	traceID, topic = hex.EncodeToString(id), testenv.Name("otlp")
 	if _, err := outbox.Schedule(context.Background(), db, outbox.Task{Topic: topic, Key: "o1", DueAt: time.Now(),
 		Trace: "00-" + traceID + "-00f067aa0ba902b7-01"}); err != nil {
 		t.Fatal(err)
 	}
-	sink := &otlpSink{names: map[string]string{}}
-	srv := httptest.NewServer(sink)
-	defer srv.Close()
-
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := runContext(ctx, append([]string{"run", "--mysql-dsn", dsn, "--http", testenv.FreeAddr(t), "--log-level", "error",
-			"--otlp-endpoint", srv.URL}, testenv.RabbitFlags(t)...)...)
+			"--otlp-endpoint", endpoint}, testenv.RabbitFlags(t)...)...)
 		done <- err
 	}()
 	var state string
@@ -122,6 +127,16 @@ func TestRun_ExportsTheRelaysSpansOverOTLP(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
 	}
+	return topic, traceID
+}
+
+// run --otlp-endpoint exports the relay's span of each task it publishes,
+// linked to the trace the task was scheduled in, and flushes on shutdown.
+func TestRun_ExportsTheRelaysSpansOverOTLP(t *testing.T) {
+	sink := &otlpSink{names: map[string]string{}}
+	srv := httptest.NewServer(sink)
+	defer srv.Close()
+	topic, traceID := runTraced(t, srv.URL)
 	// Stopping flushed the batch.
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
@@ -142,5 +157,37 @@ func TestRun_ExportsTheRelaysSpansOverOTLP(t *testing.T) {
 	}
 	if send.Kind != tracepb.Span_SPAN_KIND_PRODUCER {
 		t.Errorf("send span kind %v, want producer", send.Kind)
+	}
+}
+
+// The same export reaches a real OpenTelemetry Collector (the one
+// scripts/services.sh builds and starts), whose debug exporter writes
+// the span, its link and its attributes to the collector's log.
+func TestRun_ExportsToTheCollector(t *testing.T) {
+	endpoint, logFile := testenv.Collector(t)
+	topic, traceID := runTraced(t, endpoint)
+	name := regexp.MustCompile(`Name\s*:\s*send ` + regexp.QuoteMeta(topic) + `\b`)
+	var log []byte
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		b, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loc := name.FindIndex(b); loc != nil {
+			log = b[loc[0]:]
+			break
+		}
+	}
+	if log == nil {
+		t.Fatalf("the collector's log %s names no span %q after 30 s", logFile, "send "+topic)
+	}
+	// The span's own lines come before the next span's or batch's.
+	if i := bytes.Index(log[1:], []byte("Span #")); i >= 0 {
+		log = log[:i+1]
+	}
+	for _, want := range []string{"Producer", traceID, "rabbitmq", "delaybridge.key"} {
+		if !bytes.Contains(log, []byte(want)) {
+			t.Errorf("the collector's record of the span lacks %q:\n%s", want, log)
+		}
 	}
 }

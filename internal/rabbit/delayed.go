@@ -24,6 +24,10 @@ import (
 // whose x-delay is above 2^32 − 1 ms, so the cap in delayedRoute is what
 // keeps a long delay from arriving early: such a delay hops instead.
 
+// pluginRetired is what a process in delayed-exchange mode logs when it
+// starts.
+const pluginRetired = "rabbit: delayed-exchange mode is deprecated: the rabbitmq_delayed_message_exchange plugin was archived upstream in January 2026, keeps its messages in Mnesia on one node, and cannot run on RabbitMQ 4.3 or later; move to the ladder (--rabbit-mode ladder), as docs/brokers.md says, without losing a task"
+
 // ErrPluginMissing reports a broker without the x-delayed-message exchange
 // type. Use ModeLadder, which needs no plugin.
 var ErrPluginMissing = errors.New("rabbit: the broker has no x-delayed-message exchange type (rabbitmq_delayed_message_exchange plugin not enabled); use the default ladder mode (Mode: ModeLadder), which needs no plugin")

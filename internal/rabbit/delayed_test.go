@@ -3,6 +3,7 @@ package rabbit
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -220,6 +221,42 @@ func TestDelayedExchange_RouteNeverExceedsTheHop(t *testing.T) {
 		}
 		if _, _, ms := topo.delayedRoute(-time.Second, "t"); ms != 0 {
 			t.Errorf("a past due time: x-delay %d, want 0", ms)
+		}
+	}
+}
+
+// count is how many of the warnings contain sub.
+func (w *warnings) count(sub string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, m := range w.list {
+		if strings.Contains(m, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// A process that opens the adapter in delayed-exchange mode (run, a
+// Client) says once that the plugin is retired and where the way off it
+// is; one in ladder mode says nothing of it.
+func TestDelayedExchange_OpeningWarnsOnceThatThePluginIsRetired(t *testing.T) {
+	b := delayedSetup(t)
+	for _, c := range []struct {
+		mode Mode
+		want int
+	}{{ModeDelayedExchange, 1}, {ModeLadder, 0}} {
+		cfg := b.cfg
+		cfg.Mode, cfg.Logger = c.mode, nil // the logger Open is given
+		w := &warnings{}
+		conn, err := New(cfg).Open(context.Background(), slog.New(w), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		if got := w.count("archived upstream"); got != c.want || (c.want == 1 && w.count("docs/brokers.md") != 1) {
+			t.Errorf("%v mode: %d retirement warnings %q, want %d naming docs/brokers.md", c.mode, got, w.list, c.want)
 		}
 	}
 }

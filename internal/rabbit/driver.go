@@ -1,6 +1,7 @@
 package rabbit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -62,6 +63,10 @@ func (a adapter) Open(ctx context.Context, logger *slog.Logger, withSub bool) (*
 	pub, err := NewPublisher(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("rabbit %s: %w", RedactURL(cfg.URL), redact.Scrub(err, cfg.URL))
+	}
+	if cfg.Mode == ModeDelayedExchange {
+		// Once per process: run and a Client open their adapter once.
+		cmp.Or(cfg.Logger, slog.Default()).Warn(pluginRetired)
 	}
 	conn := &broker.Connection{Publisher: pub, Close: func() { driver.CloseLogged(cfg.Logger, "rabbit", "publisher", pub) },
 		CreateTopics: func(context.Context, ...string) error { return nil }}

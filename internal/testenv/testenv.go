@@ -280,3 +280,26 @@ func EnvInt(name string, def int) int {
 	}
 	return def
 }
+
+// Collector checks the test OpenTelemetry Collector (scripts/services.sh)
+// accepts connections and returns its OTLP/HTTP endpoint and the log its
+// debug exporter writes every span to.
+func Collector(t testing.TB) (endpoint, logFile string) {
+	t.Helper()
+	endpoint = envOr("DELAYBRIDGE_TEST_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	logFile = os.Getenv("DELAYBRIDGE_TEST_OTELCOL_LOG")
+	u, err := url.Parse(endpoint)
+	if err == nil {
+		var conn net.Conn
+		if conn, err = net.DialTimeout("tcp", u.Host, reachTimeout); err == nil {
+			_ = conn.Close()
+		}
+	}
+	if err == nil && logFile == "" {
+		err = fmt.Errorf("DELAYBRIDGE_TEST_OTELCOL_LOG is not set")
+	}
+	if err != nil {
+		Unreachable(t, "the OpenTelemetry Collector", endpoint, err)
+	}
+	return endpoint, logFile
+}
