@@ -170,6 +170,17 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// DueMillis is t in epoch milliseconds, rounded up: a due time stored
+// this way is never before the instant the caller asked for, so a task
+// never runs early by the part of a millisecond the column cannot hold.
+func DueMillis(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.After(time.UnixMilli(ms)) {
+		ms++
+	}
+	return ms
+}
+
 // MillisUTC truncates t to the millisecond and returns it in UTC, the form
 // DeliverAt always has once it crossed a broker, and the form an outbox
 // task's DueAt has once read back (due times are stored in epoch

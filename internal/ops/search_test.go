@@ -220,9 +220,8 @@ func TestConsoleReads_CountDueLatenessAndRescues(t *testing.T) {
 		{"d3", -52 * time.Minute, outbox.StateDone, 5000, 0},
 	} {
 		id := b.schedule(t, outbox.Task{Topic: "reads", Key: task.key, DueAt: now.Add(task.due)})
-		due := now.Add(task.due).UnixMilli()
-		if _, err := b.db.ExecContext(b.ctx, "UPDATE delay_task SET state = ?, done_ms = IF(? = 'done', ? + ?, 0), rescues = ? WHERE id = ?",
-			string(task.state), string(task.state), due, task.late, task.resc, id); err != nil {
+		if _, err := b.db.ExecContext(b.ctx, "UPDATE delay_task SET state = ?, done_ms = IF(? = 'done', due_ms + ?, 0), rescues = ? WHERE id = ?",
+			string(task.state), string(task.state), task.late, task.resc, id); err != nil {
 			t.Fatalf("row %d: %v", i, err)
 		}
 	}

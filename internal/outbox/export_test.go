@@ -1,7 +1,5 @@
 package outbox
 
-import "time"
-
 // Outbox, New and Config reach the writer and its limits, which the
 // package's functions hold at their defaults.
 type (
@@ -14,9 +12,6 @@ func New(cfg Config) *Outbox { return newWriter(cfg) }
 
 // MaxPayloadCeiling is the largest MaxPayload takes effect.
 const MaxPayloadCeiling = maxPayloadCeiling
-
-// Millis returns t as the epoch milliseconds the table stores.
-func Millis(t time.Time) int64 { return t.UnixMilli() }
 
 // CleanerDuty is the duty a Cleaner runs with, its default applied.
 func CleanerDuty(c *Cleaner) float64 { return c.cfg.Duty }

@@ -42,7 +42,8 @@ func (b *bundle) order(t *testing.T, id string, due time.Time) *broker.Message {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	return &broker.Message{TaskID: taskID, Topic: "order-cancel", Key: id, DeliverAt: broker.MillisUTC(due)}
+	// As the relay sends it: the due time the table holds.
+	return &broker.Message{TaskID: taskID, Topic: "order-cancel", Key: id, DeliverAt: time.UnixMilli(broker.DueMillis(due)).UTC()}
 }
 
 func (b *bundle) orderRow(t *testing.T, id string) (status string, cancels int) {
@@ -200,7 +201,7 @@ func TestPayRace_NeverCancelsAPaidOrderNorLeavesAnUnpaidOne(t *testing.T) {
 	paidWins, cancelWins := 0, 0
 	for i := range rounds {
 		id := fmt.Sprintf("race-%d", i)
-		msg := b.order(t, id, time.Now())
+		msg := b.order(t, id, time.Now().Add(-time.Millisecond))
 		var wg sync.WaitGroup
 		var paid bool
 		var outcome outbox.HandleResult

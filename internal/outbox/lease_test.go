@@ -96,7 +96,7 @@ func TestRelay_CancelAndRescheduleWhilePublishingWinAndNeverWait(t *testing.T) {
 func TestRelay_ExpiredClaimCannotOverwriteTheNextOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: time.Now()})
+	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: time.Now().Add(-time.Millisecond)})
 	claim := func(owner int64, now time.Time) []store.Claimed {
 		c, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
 			PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})

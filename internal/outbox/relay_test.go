@@ -154,7 +154,7 @@ func TestRelay_CrashMidBatchLeavesRowsPendingUntilTheLeaseExpires(t *testing.T) 
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
 	for i := range 5 {
-		b.schedule(t, outbox.Task{Topic: "crash", Key: fmt.Sprint(i), DueAt: time.Now()})
+		b.schedule(t, outbox.Task{Topic: "crash", Key: fmt.Sprint(i), DueAt: time.Now().Add(-time.Millisecond)})
 	}
 	// A relay claims the rows and dies before it records anything.
 	now := time.Now()

@@ -92,7 +92,7 @@ func (o *writer) Schedule(ctx context.Context, q Querier, t Task) (int64, error)
 	res, err := q.ExecContext(ctx, `INSERT INTO delay_task
   (topic, task_key, due_ms, payload, headers, trace, state, created_ms, updated_ms)
 VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)`,
-		t.Topic, []byte(t.Key), t.DueAt.UnixMilli(), payload, headers, trace, now, now)
+		t.Topic, []byte(t.Key), broker.DueMillis(t.DueAt), payload, headers, trace, now, now)
 	if err != nil {
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1062 {
@@ -163,7 +163,7 @@ func (o *writer) ScheduleMany(ctx context.Context, q Querier, tasks []Task) erro
 		}
 		args := make([]any, 0, 8*n)
 		for _, r := range rows[:n] {
-			args = append(args, r.t.Topic, []byte(r.t.Key), r.t.DueAt.UnixMilli(), r.t.Payload, r.headers, r.trace, now, now)
+			args = append(args, r.t.Topic, []byte(r.t.Key), broker.DueMillis(r.t.DueAt), r.t.Payload, r.headers, r.trace, now, now)
 		}
 		_, err := q.ExecContext(ctx, `INSERT INTO delay_task
   (topic, task_key, due_ms, payload, headers, trace, state, created_ms, updated_ms)
@@ -231,7 +231,7 @@ func (o *writer) Reschedule(ctx context.Context, q Querier, topic, key string, d
 SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
     next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?,
     lease_owner = 0, rescues = 0, attempts = 0, trace = COALESCE(?, trace)
-WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, due.UnixMilli(), now, trace, topic, []byte(key))
+WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, broker.DueMillis(due), now, trace, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)
 	}

@@ -375,7 +375,7 @@ func TestScheduleMany_WritesEveryTaskAcrossStatementsOrNoneWhenOneIsInvalidOrRep
 		t.Fatalf("%d pending rows, want %d", n, len(tasks))
 	}
 	info, err := outbox.Get(b.ctx, b.db, "many", "k-1202")
-	if err != nil || info.Task.DueAt.UnixMilli() != due.UnixMilli() || string(info.Task.Payload) != "p" || info.Task.Headers["h"] != "v" {
+	if err != nil || info.Task.DueAt.UnixMilli() != broker.DueMillis(due) || string(info.Task.Payload) != "p" || info.Task.Headers["h"] != "v" {
 		t.Fatalf("last task %+v, %v", info, err)
 	}
 	err = outbox.ScheduleMany(b.ctx, b.db, []outbox.Task{{Topic: "many", Key: "new", DueAt: due}, {Topic: "many", Key: "k-5", DueAt: due}})
@@ -514,5 +514,46 @@ func TestOutbox_ConfiguredMaxDelayBoundsScheduleAndReschedule(t *testing.T) {
 	}
 	if n := b.count(t, "topic = 'md' AND generation = 0"); n != 1 {
 		t.Fatalf("%d tasks of generation 0, want only the one scheduled near", n)
+	}
+}
+
+// A due time between two milliseconds is stored as the later one: stored
+// as the earlier, the handler could run up to a millisecond before the
+// instant the caller asked for. Each way in (Schedule, ScheduleMany,
+// Reschedule) rounds up; an exact millisecond stays as it is.
+func TestSchedule_DueTimesRoundUpToTheMillisecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	exact := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	between := exact.Add(300 * time.Microsecond)
+	stored := func(key string) int64 {
+		t.Helper()
+		var ms int64
+		if err := b.db.QueryRow("SELECT due_ms FROM delay_task WHERE topic = 'ms' AND task_key = ?", key).Scan(&ms); err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	if _, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "ms", Key: "one", DueAt: between}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.ScheduleMany(b.ctx, b.db, []outbox.Task{{Topic: "ms", Key: "many", DueAt: between}, {Topic: "ms", Key: "exact", DueAt: exact}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "ms", Key: "moved", DueAt: exact}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Reschedule(b.ctx, b.db, "ms", "moved", between.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]int64{
+		"one":   exact.UnixMilli() + 1,
+		"many":  exact.UnixMilli() + 1,
+		"exact": exact.UnixMilli(),
+		"moved": exact.UnixMilli() + 1001,
+	} {
+		if got := stored(key); got != want {
+			t.Errorf("%s: stored due_ms %d, want %d", key, got, want)
+		}
 	}
 }

@@ -51,7 +51,8 @@ type Task struct {
 	Topic string
 	// Key is the business key, unique within the topic, 1 to 255 bytes.
 	Key string
-	// DueAt is when the handler may run; stored to the millisecond in UTC.
+	// DueAt is when the handler may run. It is stored in UTC, rounded up
+	// to the millisecond, so the handler never runs before it.
 	DueAt time.Time
 	// Payload travels to the handler untouched.
 	Payload []byte
