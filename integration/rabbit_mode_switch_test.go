@@ -2,10 +2,17 @@ package integration
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge"
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/rabbit"
@@ -75,4 +82,72 @@ func TestRabbitModeSwitch_DelayedExchangeToLadderLosesNothing(t *testing.T) {
 	if early := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE updated_ms < due_ms"); early != 0 {
 		t.Fatalf("%d tasks marked done before their due time", early)
 	}
+}
+
+// A Client in delayed-exchange mode that relays, scans and consumes says
+// once, when it starts, that the plugin is retired, and runs its task.
+func TestRabbitModeSwitch_AClientInPluginModeWarnsOnce(t *testing.T) {
+	testenv.DelayedPlugin(t)
+	f := newFlow(t)
+	cfg := rabbitConfig(t)
+	cfg.Mode = rabbit.ModeDelayedExchange
+	logs := &records{}
+	c, err := delaybridge.NewClient(f.db, delaybridge.Config{
+		Broker:  rabbit.New(cfg),
+		Relay:   &delaybridge.RelayConfig{IdleMax: 50 * time.Millisecond},
+		Scanner: &delaybridge.ScannerConfig{},
+		Logger:  slog.New(logs),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	if err := c.Handle(f.topic, func(context.Context, *sql.Tx, *delaybridge.Message) error { handled.Add(1); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.order(t, "k", time.Now().Add(time.Second))
+	if err := c.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the task handled", func() bool { return handled.Load() == 1 })
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.count("archived upstream"); n != 1 {
+		t.Fatalf("%d retirement warnings, want 1: %q", n, logs.messages())
+	}
+}
+
+// records is a slog handler that keeps every message at warn and above.
+type records struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (r *records) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.list = append(r.list, rec.Message)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) messages() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.list)
+}
+
+func (r *records) count(substr string) int {
+	n := 0
+	for _, m := range r.messages() {
+		if strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
 }

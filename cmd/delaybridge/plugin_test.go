@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/testenv"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 func TestDemo_HoldsItsInvariantsInDelayedExchangeMode(t *testing.T) {
@@ -33,5 +37,38 @@ func TestDoctor_DelayedExchangeModeSaysWhatThePluginDoesNotPromise(t *testing.T)
 	out = mustRun(t, append([]string{"doctor", "--mysql-dsn", dsn}, testenv.RabbitFlags(t)...)...)
 	if !strings.Contains(out, "OK    delayed-message plugin present (delayed-exchange mode possible; ladder mode needs no plugin)") || strings.Contains(out, "Mnesia") || strings.Contains(out, "deprecated") {
 		t.Errorf("doctor in ladder mode:\n%s", out)
+	}
+}
+
+// run in delayed-exchange mode says once, when it starts, that the plugin
+// is retired and where the way off it is, and relays all the same.
+func TestRun_DelayedExchangeModeWarnsOnceThatThePluginIsRetired(t *testing.T) {
+	testenv.DelayedPlugin(t)
+	dsn := scratch(t)
+	pool := openDSN(t, dsn)
+	if _, err := outbox.Schedule(context.Background(), pool, outbox.Task{Topic: "plugin-run", Key: "k", DueAt: time.Now().Add(2 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	root := newRootCmd()
+	root.SetArgs(append([]string{"run", "--mysql-dsn", dsn, "--http", testenv.FreeAddr(t), "--log-level", "warn"},
+		append(testenv.RabbitFlags(t), "--rabbit-mode", "delayed-exchange")...))
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	if !testutil.Eventually(30*time.Second, 50*time.Millisecond, func() bool {
+		info, err := outbox.Get(context.Background(), pool, "plugin-run", "k")
+		return err == nil && info.State == outbox.StatePublished
+	}) {
+		t.Fatalf("task never published; stdout %q stderr %q", out.String(), errOut.String())
+	}
+	cancel()
+	waitStopped(t, done)
+	logs := out.String() + errOut.String()
+	if n := strings.Count(logs, "archived upstream"); n != 1 || !strings.Contains(logs, "docs/brokers.md") {
+		t.Fatalf("%d retirement warnings, want 1 naming docs/brokers.md:\n%s", n, logs)
 	}
 }
