@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -18,7 +19,8 @@ import (
 const maxFlagHelp = 100
 
 // Every flag of every command, local, persistent and hidden ones
-// included, has a help of one line of at most maxFlagHelp characters.
+// included, has a help of one line of at most maxFlagHelp characters,
+// counting the default --help prints after it.
 func TestFlagHelp_EveryFlagHasOneShortLine(t *testing.T) {
 	t.Parallel()
 	seen := 0
@@ -31,9 +33,17 @@ func TestFlagHelp_EveryFlagHasOneShortLine(t *testing.T) {
 			if strings.ContainsAny(f.Usage, "\r\n") {
 				t.Errorf("%s: help holds a line break: %q", key, f.Usage)
 			}
-			if n := utf8.RuneCountInString(f.Usage); n > maxFlagHelp {
-				t.Errorf("%s: help is %d characters, more than %d; say what it is in one line and explain in docs/:\n%s",
-					key, n, maxFlagHelp, f.Usage)
+			// The line --help prints: the help, then pflag's default.
+			line := f.Usage
+			if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "0s" && d != "[]" {
+				if f.Value.Type() == "string" {
+					d = strconv.Quote(d)
+				}
+				line += " (default " + d + ")"
+			}
+			if n := utf8.RuneCountInString(line); n > maxFlagHelp {
+				t.Errorf("%s: help with its default is %d characters, more than %d; say what it is in one line and explain in docs/:\n%s",
+					key, n, maxFlagHelp, line)
 			}
 		}
 		// LocalFlags holds the command's own flags, persistent and hidden

@@ -126,7 +126,7 @@ func (s *Settings) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.RocketMode, "rocketmq-mode", s.RocketMode, "delay mode: timer or levels (4.x delay levels)")
 	fs.DurationVar(&s.RocketMaxDelay, "rocketmq-max-delay", s.RocketMaxDelay, "longest timer hop or delay level (0 = the brokers')")
 	fs.DurationVar(&s.RocketPrecision, "rocketmq-precision", s.RocketPrecision, "timer precision (0 = the brokers' timerPrecisionMs)")
-	fs.StringVar(&s.RocketLevels, "rocketmq-levels", s.RocketLevels, "the broker's messageDelayLevel list (levels mode)")
+	fs.StringVar(&s.RocketLevels, "rocketmq-levels", s.RocketLevels, "the broker's delay levels")
 	fs.StringVar(&s.RocketBrokerAddr, "rocketmq-broker-addr", s.RocketBrokerAddr, "broker to create topics on")
 	s.AMQPTLS.Register(fs, "amqp", "RabbitMQ")
 	fs.StringVar(&s.RocketAccessKey, "rocketmq-access-key", s.RocketAccessKey, "RocketMQ ACL access key (with --rocketmq-secret-key)")

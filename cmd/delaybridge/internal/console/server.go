@@ -42,14 +42,14 @@ type Options struct {
 
 // Register adds the console's own flags to f.
 func (opts *Options) Register(f *pflag.FlagSet) {
-	f.StringVar(&opts.listen, "listen", "127.0.0.1:9465", "address the console listens on; beyond loopback it needs --tls-cert/--tls-key or --allow-plain-http")
+	f.StringVar(&opts.listen, "listen", "127.0.0.1:9465", "address to listen on; beyond loopback it needs TLS or --allow-plain-http")
 	f.StringVar(&opts.authFile, "auth-file", "", "file holding the console's user:password on one line (required)")
 	f.BoolVar(&opts.readOnly, "read-only", false, "show everything, change nothing: refuse cancel, reschedule and replay")
 	f.StringVar(&opts.tlsCert, "tls-cert", "", "PEM certificate (chain) to serve the console over HTTPS, with --tls-key")
 	f.StringVar(&opts.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.BoolVar(&opts.allowPlain, "allow-plain-http", false, "allow --listen beyond loopback without TLS (the password then crosses the network in the clear)")
 	f.DurationVar(&opts.grace, "grace", 30*time.Second, "how far past due a published task counts as overdue (0 or more)")
-	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of doctor's RocketMQ precision probe when the brokers page runs the checks (more than 0)")
+	f.DurationVar(&opts.probe, "probe-delay", 2*time.Second, "delay of the brokers page's RocketMQ precision probe (more than 0)")
 }
 
 // Env is what the console takes from the binary around it: where it logs
