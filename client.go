@@ -118,6 +118,24 @@ func (c *Client) Overdue(ctx context.Context, q Querier, topic, key string) (boo
 	return outbox.Overdue(ctx, q, topic, key)
 }
 
+// RunNow runs topic's handler (the one Handle registered) for the task of
+// (topic, key) in tx, the caller's transaction, and marks the task done
+// there, when the task is due by the database's clock and not finished.
+// It reports whether the handler ran. The read path's lazy check uses it:
+// a request that finds an order overdue cancels it at once, in its own
+// transaction. Exactly one of RunNow and the broker's delivery runs the
+// handler; the other finds the task done. When the handler fails, RunNow
+// returns its error: roll tx back, and the delivery runs the task later.
+func (c *Client) RunNow(ctx context.Context, tx *sql.Tx, topic, key string) (bool, error) {
+	c.mu.Lock()
+	fn := c.handlers[topic]
+	c.mu.Unlock()
+	if fn == nil {
+		return false, fmt.Errorf("delaybridge: RunNow %s: no handler registered for the topic", topic)
+	}
+	return outbox.RunNow(ctx, tx, topic, key, fn)
+}
+
 // Handle registers fn for the tasks of topic. fn runs in the database
 // transaction that marks the task done: return an error to roll both back
 // and retry later. It runs no earlier than the due time and is skipped for

@@ -444,3 +444,40 @@ func TestClient_ThatRelaysRunsWhatRunRunsBesideIt(t *testing.T) {
 		}
 	})
 }
+
+// RunNow runs the handler Handle registered, in the caller's transaction,
+// for a due task, without Start; a topic with no handler is an error.
+func TestClient_RunNowRunsTheRegisteredHandlerInTheCallersTransaction(t *testing.T) {
+	b := setup(t)
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	if err := c.Handle("expire", func(_ context.Context, _ *sql.Tx, m *delaybridge.Message) error { ran = append(ran, m.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	b.schedule(t, c, "expire", "o1")
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if _, err := c.RunNow(b.ctx, tx, "no-handler", "o1"); err == nil || !strings.Contains(err.Error(), "no handler") {
+		t.Fatalf("RunNow on a topic without a handler: %v", err)
+	}
+	for end := time.Now().Add(5 * time.Second); !func() bool { ok, err := c.Overdue(b.ctx, tx, "expire", "o1"); return ok && err == nil }(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the task never turned overdue")
+		}
+	}
+	if ok, err := c.RunNow(b.ctx, tx, "expire", "o1"); !ok || err != nil {
+		t.Fatalf("RunNow = %v, %v; want it run", ok, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Get(b.ctx, b.db, "expire", "o1"); err != nil || info.State != delaybridge.StateDone || len(ran) != 1 || ran[0] != "o1" {
+		t.Fatalf("after RunNow: %+v, %v; handler ran for %v", info, err, ran)
+	}
+}
