@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -479,5 +480,51 @@ func TestClient_RunNowRunsTheRegisteredHandlerInTheCallersTransaction(t *testing
 	}
 	if info, err := c.Get(b.ctx, b.db, "expire", "o1"); err != nil || info.State != delaybridge.StateDone || len(ran) != 1 || ran[0] != "o1" {
 		t.Fatalf("after RunNow: %+v, %v; handler ran for %v", info, err, ran)
+	}
+}
+
+// Through the broker: a handler that snoozes runs again after the snooze,
+// no earlier, and the task ends done with the snooze counted and no
+// attempt.
+func TestClient_AHandlerThatSnoozesRunsAgainAfterTheSnooze(t *testing.T) {
+	b := setup(t)
+	c, err := delaybridge.NewClient(b.db, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var runs []time.Time
+	if err := c.Handle("pay-check", func(context.Context, *sql.Tx, *delaybridge.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs = append(runs, time.Now())
+		if len(runs) == 1 {
+			return delaybridge.Snooze(time.Second, "payment pending")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.schedule(t, c, "pay-check", "o1")
+	if err := c.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(b.ctx) //nolint:errcheck
+	var info *delaybridge.TaskInfo
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err = c.Get(b.ctx, b.db, "pay-check", "o1"); err == nil && info.State == delaybridge.StateDone {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the snoozed task was not done after 30 s: %+v, %v", info, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(runs) != 2 || runs[1].Sub(runs[0]) < time.Second {
+		t.Fatalf("handler runs at %v: want two, the second a second or more after the first", runs)
+	}
+	if info.Snoozes != 1 || info.Attempts != 0 || info.Generation != 1 {
+		t.Fatalf("done task: %+v; want one snooze, no attempt, generation 1", info)
 	}
 }

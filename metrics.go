@@ -161,7 +161,7 @@ func (m *Metrics) ConsumerHooks() broker.Hooks {
 // would grow without end.
 func skipLabel(reason string) string {
 	switch reason {
-	case "", "done", "cancelled", "stale", "missing", "dead":
+	case "", "done", "cancelled", "stale", "missing", "dead", "snoozed":
 		return reason
 	}
 	return "other"

@@ -3,6 +3,7 @@ package delaybridge
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
@@ -65,6 +66,13 @@ var (
 // Permanent marks a handler's error as final: the task goes dead at once
 // instead of being retried.
 func Permanent(err error) error { return broker.Permanent(err) }
+
+// Snooze is what a handler returns for "not yet, look again after d": the
+// payment channel still says pending, say. The task moves to now plus d
+// in the handler's transaction, which commits; it is not a failed attempt.
+// The reason is kept on the task (its last error). A task may snooze 100
+// times; the next snooze sends it to dead.
+func Snooze(d time.Duration, reason string) error { return outbox.Snooze(d, reason) }
 
 // Migrate creates the outbox table or brings it up to this version, and
 // returns the migrations it applied. It is safe to run from several

@@ -173,8 +173,8 @@ func printInfo(a *app, i *outbox.TaskInfo, asJSON bool) {
 		_ = enc.Encode(infoJSON(i))
 		return
 	}
-	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    handler %d, publish %d\nrescues:     %d\npayload:     %d bytes\n",
-		i.ID, cli.Printable(i.Task.Topic), cli.Printable(i.Task.Key), cli.Printable(string(i.State)), i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, len(i.Task.Payload))
+	fmt.Fprintf(a.stdout, "id:          %d\ntopic:       %s\nkey:         %s\nstate:       %s\ndue:         %s\ngeneration:  %d\nattempts:    handler %d, publish %d\nrescues:     %d\nsnoozes:     %d\npayload:     %d bytes\n",
+		i.ID, cli.Printable(i.Task.Topic), cli.Printable(i.Task.Key), cli.Printable(string(i.State)), i.Task.DueAt.Format(time.RFC3339Nano), i.Generation, i.Attempts, i.PublishAttempts, i.Rescues, i.Snoozes, len(i.Task.Payload))
 	if !i.PublishedAt.IsZero() {
 		fmt.Fprintf(a.stdout, "published:   %s\n", i.PublishedAt.Format(time.RFC3339Nano))
 	}
@@ -190,7 +190,7 @@ func infoJSON(i *outbox.TaskInfo) map[string]any {
 	m := map[string]any{
 		"id": i.ID, "topic": i.Task.Topic, "key": i.Task.Key, "state": i.State, "due": i.Task.DueAt,
 		"generation": i.Generation, "publish_attempts": i.PublishAttempts, "attempts": i.Attempts, "rescues": i.Rescues,
-		"payload_bytes": len(i.Task.Payload), "last_error": i.LastError, "created": i.CreatedAt,
+		"snoozes": i.Snoozes, "payload_bytes": len(i.Task.Payload), "last_error": i.LastError, "created": i.CreatedAt,
 	}
 	if !i.PublishedAt.IsZero() {
 		m["published"] = i.PublishedAt

@@ -34,7 +34,7 @@ var ErrSkipped = errors.New("message skipped")
 // OutcomeSkipped with Reason instead of OutcomeApplied.
 type SkipError struct {
 	// Reason is a short, fixed word (a metric label): outbox uses
-	// "cancelled", "done", "stale", "missing" and "dead".
+	// "cancelled", "done", "stale", "missing", "dead" and "snoozed".
 	Reason string
 }
 

@@ -418,6 +418,6 @@ func scanInfo(s store.Scanner) (*outbox.TaskInfo, error) {
 	}
 	t := outbox.Task{Topic: r.Topic, Key: r.Key, DueAt: r.DueAt, Payload: r.Payload, Headers: r.Headers, Trace: r.Trace}
 	return &outbox.TaskInfo{ID: r.ID, Task: t, State: outbox.State(r.State), Generation: r.Generation,
-		PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues, LastError: r.LastError,
+		PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues, Snoozes: r.Snoozes, LastError: r.LastError,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, PublishedAt: r.PublishedAt, DoneAt: r.DoneAt}, nil
 }

@@ -46,7 +46,8 @@ type HandlerFunc func(ctx context.Context, tx *sql.Tx, m *broker.Message) error
 // message on its own (broker.ConsumerConfig.Group does).
 //
 // Each live message's Attempt is set to its task row's count of failed
-// runs before fn runs, as Handle does.
+// runs before fn runs, as Handle does. A message whose fn returns Snooze
+// keeps what fn wrote, and its task moves to its new time (Snoozed).
 //
 // A message (with a TaskID) whose task row another transaction holds
 // right now is left out rather than waited for: its errs entry wraps
@@ -174,7 +175,16 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		}
 		ran[i] = true
 		if failed == nil {
-			if ferr := runFn(ctx, fn, tx, m); ferr != nil {
+			ferr := runFn(ctx, fn, tx, m)
+			if s, ok := snoozeOf(ferr); ok {
+				ferr = snooze(ctx, tx, r, s)
+				if ferr == nil {
+					seen[r.id] = true
+					results[i] = Snoozed
+					continue
+				}
+			}
+			if ferr != nil {
 				return nil, nil, &firstFailure{i: i, err: ferr}
 			}
 			seen[r.id] = true
@@ -187,7 +197,15 @@ func handleGroup(ctx context.Context, db *sql.DB, msgs []*broker.Message, fn Han
 		if _, err := tx.ExecContext(ctx, "SAVEPOINT delaybridge_task"); err != nil {
 			return nil, nil, fmt.Errorf("outbox: handle group: savepoint: %w", err)
 		}
-		if ferr := runFn(ctx, fn, tx, m); ferr != nil {
+		ferr := runFn(ctx, fn, tx, m)
+		if s, ok := snoozeOf(ferr); ok {
+			if ferr = snooze(ctx, tx, r, s); ferr == nil {
+				seen[r.id] = true
+				results[i] = Snoozed
+				continue
+			}
+		}
+		if ferr != nil {
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT delaybridge_task"); err != nil {
 				return nil, nil, fmt.Errorf("outbox: handle group: %s/%s failed (%v) and its savepoint is gone: %w", m.Topic, m.Key, ferr, err)
 			}
@@ -242,7 +260,7 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 	}
 	byID := map[int64]*taskRow{}
 	for _, chunk := range store.Chunks(ids) {
-		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, "+store.DBNowMS+
+		rows, err := tx.QueryContext(ctx, "SELECT id, topic, task_key, state, generation, due_ms, attempts, snoozes, "+store.DBNowMS+
 			" FROM delay_task FORCE INDEX (PRIMARY) WHERE id IN "+store.InList(len(chunk))+" ORDER BY id FOR UPDATE SKIP LOCKED", chunk...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
@@ -252,7 +270,7 @@ func lockGroup(ctx context.Context, db *sql.DB, tx *sql.Tx, msgs []*broker.Messa
 				r   taskRow
 				key []byte
 			)
-			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.attempts, &r.dbNow); err != nil {
+			if err := rows.Scan(&r.id, &r.topic, &key, &r.state, &r.gen, &r.due, &r.attempts, &r.snoozes, &r.dbNow); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("outbox: handle group: lock tasks: %w", err)
 			}

@@ -27,22 +27,22 @@ func cancelOne(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 func TestHandleGroup_RunsLiveTasksOnceAndReportsTheRest(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	live1 := b.order(t, "live-1", time.Now())
-	live2 := b.order(t, "live-2", time.Now())
-	done := b.order(t, "done", time.Now())
+	live1 := b.order(t, "live-1", time.Now().Add(-time.Millisecond))
+	live2 := b.order(t, "live-2", time.Now().Add(-time.Millisecond))
+	done := b.order(t, "done", time.Now().Add(-time.Millisecond))
 	if _, err := outbox.Handle(b.ctx, b.db, done, cancelOrder("done")); err != nil {
 		t.Fatal(err)
 	}
-	cancelled := b.order(t, "cancelled", time.Now())
+	cancelled := b.order(t, "cancelled", time.Now().Add(-time.Millisecond))
 	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
 		t.Fatal(err)
 	}
-	stale := b.order(t, "stale", time.Now())
+	stale := b.order(t, "stale", time.Now().Add(-time.Millisecond))
 	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "stale", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	missing := &broker.Message{TaskID: 999999, Topic: "order-cancel", Key: "missing", DeliverAt: time.Now()}
-	byKey := *b.order(t, "by-key", time.Now())
+	byKey := *b.order(t, "by-key", time.Now().Add(-time.Millisecond))
 	byKey.TaskID = 0
 	dup := *live1
 	var got []string
@@ -84,7 +84,7 @@ func TestHandleGroup_RunsLiveTasksOnceAndReportsTheRest(t *testing.T) {
 func TestHandleGroup_AFailingMessageIsRolledBackAloneAndTheOthersCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, poison, c := b.order(t, "a", time.Now()), b.order(t, "poison", time.Now()), b.order(t, "c", time.Now())
+	a, poison, c := b.order(t, "a", time.Now().Add(-time.Millisecond)), b.order(t, "poison", time.Now().Add(-time.Millisecond)), b.order(t, "c", time.Now().Add(-time.Millisecond))
 	boom := errors.New("payment service down")
 	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{a, poison, c}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		if err := cancelOne(ctx, tx, m); err != nil {
@@ -122,7 +122,7 @@ func TestHandleGroup_AFailingMessageIsRolledBackAloneAndTheOthersCommit(t *testi
 func TestHandleGroup_APanickingHandlerFailsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, poison, c := b.order(t, "a", time.Now()), b.order(t, "poison", time.Now()), b.order(t, "c", time.Now())
+	a, poison, c := b.order(t, "a", time.Now().Add(-time.Millisecond)), b.order(t, "poison", time.Now().Add(-time.Millisecond)), b.order(t, "c", time.Now().Add(-time.Millisecond))
 	runs := map[string]int{}
 	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{a, poison, c}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		runs[m.Key]++
@@ -160,7 +160,7 @@ func TestHandleGroup_APanickingHandlerFailsOnlyItsMessage(t *testing.T) {
 func TestHandleGroup_ATaskNotDueByTheDatabaseClockWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	now, later := b.order(t, "now", time.Now()), b.order(t, "later", time.Now().Add(time.Hour))
+	now, later := b.order(t, "now", time.Now().Add(-time.Millisecond)), b.order(t, "later", time.Now().Add(time.Hour))
 	later.DeliverAt = time.Now() // the message claims it is due
 	_, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{now, later}, cancelOne)
 	var early *broker.EarlyError
@@ -289,7 +289,7 @@ func TestNewConsumer_GroupsABurstAndIsolatesEachMessage(t *testing.T) {
 func TestHandleGroup_ALockErrorMidwayFailsTheGroupAndSkipsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, second := b.order(t, "first", time.Now()), b.order(t, "second", time.Now())
+	first, second := b.order(t, "first", time.Now().Add(-time.Millisecond)), b.order(t, "second", time.Now().Add(-time.Millisecond))
 	secondID := second.TaskID
 	byKey := *second
 	byKey.TaskID = 0
@@ -333,7 +333,7 @@ func TestHandleGroup_ALockErrorMidwayFailsTheGroupAndSkipsNothing(t *testing.T) 
 func TestHandleGroup_ARowHeldElsewhereIsLeftOutNotWaitedFor(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, held, last := b.order(t, "first", time.Now()), b.order(t, "held", time.Now()), b.order(t, "last", time.Now())
+	first, held, last := b.order(t, "first", time.Now().Add(-time.Millisecond)), b.order(t, "held", time.Now().Add(-time.Millisecond)), b.order(t, "last", time.Now().Add(-time.Millisecond))
 	impatient := b.impatient(t)
 	holder, err := b.db.BeginTx(b.ctx, nil)
 	if err != nil {
@@ -442,7 +442,7 @@ func TestHandleGroup_TheSessionTimeZoneDoesNotMakeATaskDue(t *testing.T) {
 func TestHandleGroup_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msgs := []*broker.Message{b.order(t, "o1", time.Now()), b.order(t, "o2", time.Now())}
+	msgs := []*broker.Message{b.order(t, "o1", time.Now().Add(-time.Millisecond)), b.order(t, "o2", time.Now().Add(-time.Millisecond))}
 	b.refuseDone(t)
 	if _, _, err := outbox.HandleGroup(b.ctx, b.db, msgs, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		return countCancel(ctx, tx, m.Key)
@@ -467,7 +467,7 @@ func TestHandleGroup_ASavepointTheServerLostFailsTheWholeGroup(t *testing.T) {
 	keys := []string{"a", "poison", "b", "c"}
 	var msgs []*broker.Message
 	for _, k := range keys {
-		msgs = append(msgs, b.order(t, k, time.Now()))
+		msgs = append(msgs, b.order(t, k, time.Now().Add(-time.Millisecond)))
 	}
 	boom := errors.New("payment service down")
 	ran := map[string]int{}
@@ -520,7 +520,7 @@ func TestHandleGroup_ASavepointTheServerLostFailsTheWholeGroup(t *testing.T) {
 func TestHandleGroup_AMessageThatFailsInTheSavepointRerunIsRolledBackAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, flaky, third, poison := b.order(t, "first", time.Now()), b.order(t, "flaky", time.Now()), b.order(t, "third", time.Now()), b.order(t, "poison", time.Now())
+	first, flaky, third, poison := b.order(t, "first", time.Now().Add(-time.Millisecond)), b.order(t, "flaky", time.Now().Add(-time.Millisecond)), b.order(t, "third", time.Now().Add(-time.Millisecond)), b.order(t, "poison", time.Now().Add(-time.Millisecond))
 	errPoison, errFlaky := errors.New("poison: always fails"), errors.New("flaky: fails in the rerun")
 	calls := map[string]int{}
 	out, errs, err := outbox.HandleGroup(b.ctx, b.db, []*broker.Message{first, flaky, third, poison}, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
@@ -571,7 +571,7 @@ func TestHandleGroup_AMessageThatFailsInTheSavepointRerunIsRolledBackAlone(t *te
 func TestHandleGroup_SkipsADeadTaskWithoutRunningIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	live, dead := b.order(t, "live", time.Now()), b.order(t, "dead", time.Now())
+	live, dead := b.order(t, "live", time.Now().Add(-time.Millisecond)), b.order(t, "dead", time.Now().Add(-time.Millisecond))
 	if err := outbox.DeadLetter(b.db, nil).Dead(b.ctx, &broker.Delivery{Message: dead}, errors.New("failed 10 attempts")); err != nil {
 		t.Fatal(err)
 	}
@@ -604,9 +604,9 @@ func TestHandleGroup_SkipsADeadTaskWithoutRunningIt(t *testing.T) {
 func TestHandleGroup_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	live := b.order(t, "live", time.Now())
-	b.order(t, "mine", time.Now())
-	theirs := b.order(t, "theirs", time.Now())
+	live := b.order(t, "live", time.Now().Add(-time.Millisecond))
+	b.order(t, "mine", time.Now().Add(-time.Millisecond))
+	theirs := b.order(t, "theirs", time.Now().Add(-time.Millisecond))
 	var ran []string
 	out, errs, err := outbox.HandleGroup(b.ctx, b.db, append([]*broker.Message{live}, mismatched(theirs, "mine")...),
 		func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
@@ -642,7 +642,7 @@ func TestHandleGroup_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
 func TestHandleGroup_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	shared := b.order(t, "shared", time.Now())
+	shared := b.order(t, "shared", time.Now().Add(-time.Millisecond))
 	shared.TaskID = 0
 	const n = 8
 	own := make([]*broker.Message, n)

@@ -29,6 +29,9 @@ const (
 	SkippedMissing
 	// SkippedDead: the task is dead; replay it to run it.
 	SkippedDead
+	// Snoozed: fn returned Snooze; the task moved to its new time in fn's
+	// transaction, and the message can be acked.
+	Snoozed
 )
 
 func (o HandleResult) String() string {
@@ -45,13 +48,15 @@ func (o HandleResult) String() string {
 		return "skipped: missing"
 	case SkippedDead:
 		return "skipped: dead"
+	case Snoozed:
+		return "snoozed"
 	}
 	return fmt.Sprintf("HandleResult(%d)", int(o))
 }
 
 // SkipReason is the reason a skipped outcome reports to the consumer
 // runtime (broker.Skip), and the metric label it becomes: "done",
-// "cancelled", "stale", "missing" or "dead"; empty for Handled.
+// "cancelled", "stale", "missing", "dead" or "snoozed"; empty for Handled.
 func (o HandleResult) SkipReason() string {
 	switch o {
 	case SkippedDone:
@@ -64,6 +69,8 @@ func (o HandleResult) SkipReason() string {
 		return "missing"
 	case SkippedDead:
 		return "dead"
+	case Snoozed:
+		return "snoozed"
 	}
 	return ""
 }
@@ -84,7 +91,9 @@ func (o HandleResult) asError() error {
 // returns a *broker.EarlyError when the row's due time has not come by the
 // database's clock (whatever the message or this host's clock say), runs
 // fn(ctx, tx), marks the task done and commits. When fn fails, nothing of it
-// is committed and the error is returned for the runtime to retry. Ack the
+// is committed and the error is returned for the runtime to retry. When fn
+// returns Snooze, what it wrote commits with the task moved to its new
+// time, and the result is Snoozed. Ack the
 // message after Handle returns nil: a redelivered message then finds the
 // task done, so the business effect happens exactly once.
 //
@@ -122,24 +131,31 @@ func Handle(ctx context.Context, db *sql.DB, msg *broker.Message, fn func(ctx co
 		return o, err
 	}
 	msg.Attempt = r.attempts
+	result := Handled
 	if err := fn(ctx, tx); err != nil {
-		return 0, err
-	}
-	if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id = ?",
+		s, ok := snoozeOf(err)
+		if !ok {
+			return 0, err
+		}
+		if err := snooze(ctx, tx, r, s); err != nil {
+			return 0, err
+		}
+		result = Snoozed
+	} else if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ? WHERE id = ?",
 		time.Now().UnixMilli(), time.Now().UnixMilli(), r.id); err != nil {
 		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: mark done: %w", msg.Topic, msg.Key, err))
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, asUnavailable(ctx, fmt.Errorf("outbox: handle %s/%s: commit: %w", msg.Topic, msg.Key, err))
 	}
-	return Handled, nil
+	return result, nil
 }
 
 // taskRow is a task row a handler locked, with the database's clock read
 // in the same statement: what decides whether a message's fn runs.
 type taskRow struct {
 	id, gen, due, dbNow int64
-	attempts            int
+	attempts, snoozes   int
 	topic, key, state   string
 }
 
@@ -150,13 +166,13 @@ func lockTask(ctx context.Context, tx *sql.Tx, m *broker.Message) (*taskRow, err
 	r := taskRow{topic: m.Topic, key: m.Key}
 	var row *sql.Row
 	if m.TaskID != 0 {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+store.DBNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, snoozes, "+store.DBNowMS+" FROM delay_task WHERE id = ? AND topic = ? AND task_key = ? FOR UPDATE",
 			m.TaskID, m.Topic, []byte(m.Key))
 	} else {
-		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, "+store.DBNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
+		row = tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, snoozes, "+store.DBNowMS+" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE",
 			m.Topic, []byte(m.Key))
 	}
-	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.attempts, &r.dbNow); {
+	switch err := row.Scan(&r.id, &r.state, &r.gen, &r.due, &r.attempts, &r.snoozes, &r.dbNow); {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil, nil
 	case err != nil:

@@ -87,7 +87,7 @@ func (b *bundle) handleConcurrently(t *testing.T, msg *broker.Message, n int, fn
 func TestHandle_DuplicateDeliveriesHaveOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msg := b.order(t, "o1", time.Now())
+	msg := b.order(t, "o1", time.Now().Add(-time.Millisecond))
 	// Increment unconditionally, after a pause that makes the duplicates
 	// overlap for certain: only the task row's lock, taken by id, keeps
 	// this to one.
@@ -103,17 +103,17 @@ func TestHandle_SkipsCancelledDeadStaleAndMissing(t *testing.T) {
 	b := setup(t)
 	never := func(ctx context.Context, tx *sql.Tx) error { t.Error("fn ran"); return nil }
 
-	cancelled := b.order(t, "cancelled", time.Now())
+	cancelled := b.order(t, "cancelled", time.Now().Add(-time.Millisecond))
 	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
 		t.Fatal(err)
 	}
 	// A message the runtime gave up on, marked dead, then delivered again
 	// (a redelivery, or a copy the scanner rescued before it died).
-	dead := b.order(t, "dead", time.Now())
+	dead := b.order(t, "dead", time.Now().Add(-time.Millisecond))
 	if err := outbox.DeadLetter(b.db, nil).Dead(b.ctx, &broker.Delivery{Message: dead}, errors.New("failed 10 attempts")); err != nil {
 		t.Fatal(err)
 	}
-	stale := b.order(t, "stale", time.Now())
+	stale := b.order(t, "stale", time.Now().Add(-time.Millisecond))
 	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "stale", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestHandle_SkipsCancelledDeadStaleAndMissing(t *testing.T) {
 func TestHandle_FailureCommitsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msg := b.order(t, "o1", time.Now())
+	msg := b.order(t, "o1", time.Now().Add(-time.Millisecond))
 	boom := errors.New("payment service down")
 	_, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error {
 		if err := cancelOrder("o1")(ctx, tx); err != nil {
@@ -278,7 +278,7 @@ func TestEndToEnd_RelayConsumerHandleOverMemoryBroker(t *testing.T) {
 func TestDeadLetter_MarksTheTaskDead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msg := b.order(t, "o1", time.Now())
+	msg := b.order(t, "o1", time.Now().Add(-time.Millisecond))
 	dl := outbox.DeadLetter(b.db, nil)
 	if err := dl.Dead(b.ctx, &broker.Delivery{Message: msg}, errors.New("failed 10 attempts")); err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestDeadLetter_MarksTheTaskDead(t *testing.T) {
 func TestDeadLetter_NamesTheTaskByIDAndChecksItAgainstTheRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	old := b.order(t, "reused", time.Now())
+	old := b.order(t, "reused", time.Now().Add(-time.Millisecond))
 	if _, err := outbox.Handle(b.ctx, b.db, old, cancelOrder("reused")); err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func countCancel(ctx context.Context, tx *sql.Tx, key string) error {
 func TestHandle_AFailedDoneMarkCommitsNoEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msg := b.order(t, "o1", time.Now())
+	msg := b.order(t, "o1", time.Now().Add(-time.Millisecond))
 	b.refuseDone(t)
 	if _, err := outbox.Handle(b.ctx, b.db, msg, func(ctx context.Context, tx *sql.Tx) error { return countCancel(ctx, tx, "o1") }); err == nil {
 		t.Error("Handle reported no error though the task could not be marked done")
@@ -573,8 +573,8 @@ func mismatched(task *broker.Message, otherKey string) []*broker.Message {
 func TestHandle_ATaskIDOfAnotherKeyOrTopicIsMissing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.order(t, "mine", time.Now())
-	theirs := b.order(t, "theirs", time.Now())
+	b.order(t, "mine", time.Now().Add(-time.Millisecond))
+	theirs := b.order(t, "theirs", time.Now().Add(-time.Millisecond))
 	for _, m := range mismatched(theirs, "mine") {
 		o, err := outbox.Handle(b.ctx, b.db, m, func(ctx context.Context, tx *sql.Tx) error {
 			t.Errorf("%s/%s: fn ran for task %d", m.Topic, m.Key, m.TaskID)
@@ -608,7 +608,7 @@ func slowIncrement(ctx context.Context, tx *sql.Tx, key string) error {
 func TestHandle_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	msg := b.order(t, "by-key", time.Now())
+	msg := b.order(t, "by-key", time.Now().Add(-time.Millisecond))
 	msg.TaskID = 0
 	b.handleConcurrently(t, msg, 8, func(ctx context.Context, tx *sql.Tx) error { return slowIncrement(ctx, tx, "by-key") })
 }
@@ -620,7 +620,7 @@ func TestHandle_ConcurrentDuplicatesByKeyHaveOneEffect(t *testing.T) {
 func TestDeadLetterAndRecordRetry_LeaveANewerGenerationAndOtherTasksAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	old := b.order(t, "rescheduled", time.Now())
+	old := b.order(t, "rescheduled", time.Now().Add(-time.Millisecond))
 	if err := outbox.Reschedule(b.ctx, b.db, "order-cancel", "rescheduled", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
@@ -667,11 +667,11 @@ func TestDeadLetterAndRecordRetry_LeaveANewerGenerationAndOtherTasksAlone(t *tes
 func TestDeadLetterAndRecordRetry_LeaveFinishedTasksAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	done := b.order(t, "done", time.Now())
+	done := b.order(t, "done", time.Now().Add(-time.Millisecond))
 	if o, err := outbox.Handle(b.ctx, b.db, done, cancelOrder("done")); err != nil || o != outbox.Handled {
 		t.Fatalf("Handle = %v, %v", o, err)
 	}
-	cancelled := b.order(t, "cancelled", time.Now())
+	cancelled := b.order(t, "cancelled", time.Now().Add(-time.Millisecond))
 	if err := outbox.Cancel(b.ctx, b.db, "order-cancel", "cancelled"); err != nil {
 		t.Fatal(err)
 	}

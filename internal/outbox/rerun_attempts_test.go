@@ -28,7 +28,7 @@ func TestHandleGroup_NeighboursThatRunAgainSeeRerun(t *testing.T) {
 	keys := []string{"a", "b", "poison", "c"}
 	var msgs []*broker.Message
 	for _, k := range keys {
-		msgs = append(msgs, b.order(t, k, time.Now()))
+		msgs = append(msgs, b.order(t, k, time.Now().Add(-time.Millisecond)))
 	}
 	boom := errors.New("payment service down")
 	var runs []string
@@ -222,7 +222,7 @@ func TestNewConsumer_TheRowsAttemptsDecideNotTheMessages(t *testing.T) {
 func TestHandleGroup_SetsEachMessagesAttemptFromItsRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, c := b.order(t, "a", time.Now()), b.order(t, "c", time.Now())
+	a, c := b.order(t, "a", time.Now().Add(-time.Millisecond)), b.order(t, "c", time.Now().Add(-time.Millisecond))
 	if _, err := b.db.Exec("UPDATE delay_task SET attempts = 4 WHERE id = ?", c.TaskID); err != nil {
 		t.Fatal(err)
 	}

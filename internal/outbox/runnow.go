@@ -24,7 +24,9 @@ import (
 // the task done and skips it.
 //
 // When fn fails, RunNow returns its error and the caller rolls tx back;
-// the task then stays as it was, and its delivery runs it later. fn gets a
+// the task then stays as it was, and its delivery runs it later. When fn
+// returns Snooze, the task moves to its new time in tx and RunNow returns
+// false. fn gets a
 // message built from the row (Hop 0), as a delivery would carry it.
 func RunNow(ctx context.Context, tx *sql.Tx, topic, key string, fn HandlerFunc) (bool, error) {
 	if err := checkCall("RunNow", tx, topic, key); err != nil {
@@ -37,12 +39,13 @@ func RunNow(ctx context.Context, tx *sql.Tx, topic, key string, fn HandlerFunc) 
 	var (
 		state          string
 		due, dbNow     int64
+		snoozes        int
 		headers, trace sql.NullString
 		payload        []byte
 	)
-	err := tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, payload, headers, trace, "+store.DBNowMS+
+	err := tx.QueryRowContext(ctx, "SELECT id, state, generation, due_ms, attempts, snoozes, payload, headers, trace, "+store.DBNowMS+
 		" FROM delay_task WHERE topic = ? AND task_key = ? FOR UPDATE", topic, []byte(key)).
-		Scan(&m.TaskID, &state, &m.Generation, &due, &m.Attempt, &payload, &headers, &trace, &dbNow)
+		Scan(&m.TaskID, &state, &m.Generation, &due, &m.Attempt, &snoozes, &payload, &headers, &trace, &dbNow)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
@@ -60,7 +63,14 @@ func RunNow(ctx context.Context, tx *sql.Tx, topic, key string, fn HandlerFunc) 
 		}
 	}
 	if err := fn(ctx, tx, m); err != nil {
-		return false, err
+		s, ok := snoozeOf(err)
+		if !ok {
+			return false, err
+		}
+		// Not yet, says the handler: the task moves on in the caller's
+		// transaction, as a delivery's snooze would move it.
+		r := &taskRow{id: m.TaskID, topic: topic, key: key, snoozes: snoozes}
+		return false, snooze(ctx, tx, r, s)
 	}
 	now := time.Now().UnixMilli()
 	if _, err := tx.ExecContext(ctx, "UPDATE delay_task SET state = 'done', done_ms = ?, updated_ms = ?, lease_owner = 0 WHERE id = ?",

@@ -230,7 +230,7 @@ func (o *writer) Reschedule(ctx context.Context, q Querier, topic, key string, d
 	res, err := q.ExecContext(ctx, `UPDATE delay_task
 SET due_ms = ?, generation = generation + 1, state = 'pending', publish_attempts = 0,
     next_attempt_ms = 0, last_error = NULL, published_ms = 0, updated_ms = ?,
-    lease_owner = 0, rescues = 0, attempts = 0, trace = COALESCE(?, trace)
+    lease_owner = 0, rescues = 0, attempts = 0, snoozes = 0, trace = COALESCE(?, trace)
 WHERE topic = ? AND task_key = ? AND state IN ('pending', 'published', 'dead')`, broker.DueMillis(due), now, trace, topic, []byte(key))
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", topic, key, err)
@@ -282,6 +282,6 @@ func scanInfo(s store.Scanner) (*TaskInfo, error) {
 // infoOf is r as a TaskInfo.
 func infoOf(r *store.TaskRow) *TaskInfo {
 	return &TaskInfo{ID: r.ID, Task: Task{Topic: r.Topic, Key: r.Key, DueAt: r.DueAt, Payload: r.Payload, Headers: r.Headers, Trace: r.Trace},
-		State: State(r.State), Generation: r.Generation, PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues,
+		State: State(r.State), Generation: r.Generation, PublishAttempts: r.PublishAttempts, Attempts: r.Attempts, Rescues: r.Rescues, Snoozes: r.Snoozes,
 		LastError: r.LastError, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, PublishedAt: r.PublishedAt, DoneAt: r.DoneAt}
 }

@@ -76,11 +76,15 @@ type TaskInfo struct {
 	PublishAttempts int
 	Attempts        int
 	Rescues         int
-	LastError       string
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	PublishedAt     time.Time // zero until published
-	DoneAt          time.Time // zero until done
+	// Snoozes counts the handler's snoozes (Snooze) since the task was
+	// scheduled, rescheduled or replayed; LastError then holds the last
+	// one's reason.
+	Snoozes     int
+	LastError   string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	PublishedAt time.Time // zero until published
+	DoneAt      time.Time // zero until done
 }
 
 // config bounds what Schedule accepts. Its zero value means the defaults;

@@ -20,7 +20,7 @@ import (
 func TestHandle_TellsAnUnavailableDatabaseFromTheTasksOwnFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	m := b.order(t, "o-1", time.Now())
+	m := b.order(t, "o-1", time.Now().Add(-time.Millisecond))
 	db, proxy := testenv.ProxiedDB(t, b.dsn)
 
 	own := errors.New("the payment service said no")

@@ -49,12 +49,12 @@ func MsTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 
 // SelectTask lists the columns ScanTask reads.
 const SelectTask = `SELECT id, topic, task_key, due_ms, payload, headers, trace, state, generation,
-  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
+  publish_attempts, attempts, rescues, snoozes, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // SelectTaskRow reads what SelectTask reads with an empty payload and no
 // headers or trace: lists never show them, and a payload may be megabytes.
 const SelectTaskRow = `SELECT id, topic, task_key, due_ms, x'', NULL, NULL, state, generation,
-  publish_attempts, attempts, rescues, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
+  publish_attempts, attempts, rescues, snoozes, last_error, created_ms, updated_ms, published_ms, done_ms FROM delay_task`
 
 // TaskRow is a delay_task row as ScanTask reads it, for outbox.TaskInfo.
 type TaskRow struct {
@@ -66,7 +66,7 @@ type TaskRow struct {
 	Trace, State              string
 	Generation                int64
 	PublishAttempts, Attempts int
-	Rescues                   int
+	Rescues, Snoozes          int
 	LastError                 string
 	CreatedAt, UpdatedAt      time.Time
 	PublishedAt, DoneAt       time.Time
@@ -85,7 +85,7 @@ func ScanTask(s Scanner) (*TaskRow, error) {
 		publishedMS, doneMS     sql.NullInt64
 	)
 	if err := s.Scan(&r.ID, &r.Topic, &key, &dueMS, &r.Payload, &headers, &trace, &r.State, &r.Generation,
-		&r.PublishAttempts, &r.Attempts, &r.Rescues, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
+		&r.PublishAttempts, &r.Attempts, &r.Rescues, &r.Snoozes, &lastErr, &createdMS, &updMS, &publishedMS, &doneMS); err != nil {
 		return nil, err
 	}
 	r.Key = string(key)

@@ -129,6 +129,9 @@ func timeline(t *ops.Detail, now time.Time) []event {
 	if t.Rescues > 0 {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("rescued %d time(s): the scanner published it again after it was overdue", t.Rescues)})
 	}
+	if t.Snoozes > 0 {
+		ev = append(ev, event{time.Time{}, fmt.Sprintf("snoozed %d time(s) by its handler; the last error says why", t.Snoozes)})
+	}
 	due := "due"
 	if t.Task.DueAt.After(now) {
 		due = "due (in the future)"
