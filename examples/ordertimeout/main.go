@@ -1,11 +1,14 @@
 // Command ordertimeout is an order service with timeout auto-cancel on
 // delaybridge, end to end: it creates orders, each reserving stock and
-// scheduling its own cancellation in the same transaction; pays about half
-// of them, some too late; reads every order through the lazy check; lets
-// the rest expire; and exits 0 only when the invariants hold: no order is
-// both paid and cancelled, none stays unpaid past its cancel time, none is
-// cancelled before it, no read showed UNPAID after the cancel time, and
-// the stock adds up.
+// scheduling its own cancellation in the same transaction; pays some at
+// once, some too late (refunded by a task of their own) and some through
+// a payment still in flight at the cancel time (the timeout snoozes until
+// the channel answers); reads every order through the lazy check, which
+// cancels an expired one at once; lets the rest expire; and exits 0 only
+// when the invariants hold: no order is both paid and cancelled, none
+// stays unpaid past its cancel time, none is cancelled before it, every
+// payment in flight ends paid, every refused payment is refunded once, no
+// read showed UNPAID after the cancel time, and the stock adds up.
 //
 // It reads the delaybridge settings as the daemon does (flags,
 // DELAYBRIDGE_*, --config) and runs the relay and the scanner in its own
@@ -15,8 +18,8 @@
 //	go run ./examples/ordertimeout --broker rabbit
 //	go run ./examples/ordertimeout --broker rocket
 //
-// It replaces the demo_orders and demo_inventory tables and its topic's
-// tasks in the configured database.
+// It replaces the demo_orders, demo_inventory and demo_refunds tables and
+// its topics' tasks in the configured database.
 //
 // Its order service, orders.go, makes every delaybridge call through the
 // Client inside the order's own transaction: copy it to start a service of
@@ -42,9 +45,6 @@ import (
 	_ "github.com/delaybridge/delaybridge/rabbit"
 	_ "github.com/delaybridge/delaybridge/rocket"
 )
-
-// topic is where this program's cancellations travel.
-const topic = "ordertimeout-cancel"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if _, err := delaybridge.Migrate(ctx, db); err != nil {
 		return err
 	}
-	svc := &orderService{db: db, timeout: o.timeout}
+	svc := &orderService{db: db, timeout: o.timeout, channel: &paymentChannel{}, recheck: 500 * time.Millisecond}
 	// The relay and the scanner run in this process; a service deployed
 	// next to delaybridge run leaves both nil. The scanner also cancels
 	// orders left unpaid whatever became of their task.
@@ -119,6 +119,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := client.Handle(topic, svc.cancelTask); err != nil {
+		return err
+	}
+	if err := client.Handle(refundTopic, svc.refundTask); err != nil {
 		return err
 	}
 	if err := client.Start(ctx); err != nil {
@@ -149,22 +152,26 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 	// Every order's cancel time is at or before this one.
 	cancelTime := created.Add(o.timeout)
 	var (
-		mu           sync.Mutex
-		paid, late   int
-		shownStale   []string
-		shownExpired int
-		wg           sync.WaitGroup
-		errs         []error
+		mu                        sync.Mutex
+		paid, late, refused       int
+		inFlight, callbacksPaid   int
+		shownStale                []string
+		shownExpired, readCancels int
+		wg                        sync.WaitGroup
+		errs                      []error
 	)
 	fail := func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		errs = append(errs, err)
 	}
-	// Every fourth order is paid at once, every fourth after its cancel
-	// time (that payment must be refused: the order is cancelled or shown
-	// EXPIRED, and orderService.pay checks Overdue first); the
-	// other half are never paid.
+	// Every fourth order is paid at once. Every fourth is paid after its
+	// cancel time: that payment is refused (the order is cancelled or
+	// shown EXPIRED) and refunded. Every fourth starts a payment in time
+	// whose callback comes only after the cancel time: the timeout snoozes
+	// while the channel says pending, and the order ends paid. The rest
+	// are never paid.
+	callbackAt := cancelTime.Add(3 * time.Second)
 	for i, id := range ids {
 		switch i % 4 {
 		case 0:
@@ -190,6 +197,33 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 				defer mu.Unlock()
 				if ok {
 					late++
+				} else {
+					refused++
+				}
+			}()
+		case 2:
+			ok, err := svc.startPayment(ctx, id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("order %s: starting a payment in time failed", id)
+			}
+			inFlight++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Until(callbackAt))
+				ok, err := svc.pay(ctx, id)
+				svc.channel.settled(id)
+				if err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					callbacksPaid++
 				}
 			}()
 		}
@@ -205,7 +239,7 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 		for readers.Err() == nil {
 			for _, id := range ids {
 				checkedAfter := time.Now().After(cancelTime)
-				status, err := svc.show(ctx, id)
+				status, cancelled, err := svc.show(ctx, id)
 				if err != nil {
 					fail(err)
 					return
@@ -217,13 +251,19 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 				case status == "EXPIRED":
 					shownExpired++
 				}
+				if cancelled {
+					readCancels++
+				}
 				mu.Unlock()
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
 	wg.Wait()
-	if err := svc.waitSettled(ctx, cancelTime.Add(o.wait)); err != nil {
+	mu.Lock()
+	refunds := refused
+	mu.Unlock()
+	if err := svc.waitSettled(ctx, cancelTime.Add(o.wait), refunds); err != nil {
 		return err
 	}
 	stopReading()
@@ -234,19 +274,31 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	fmt.Fprintf(stdout, "orders %d: paid %d (%d at once, %d after the cancel time), cancelled %d (by timeout %d, by scanner %d)\n",
-		r.orders, r.paid, paid, late, r.cancelled, r.cancelledBy["timeout"], r.cancelledBy["scanner"])
+	fmt.Fprintf(stdout, "orders %d: paid %d (%d at once, %d after a payment in flight, %d after the cancel time), cancelled %d (by timeout %d, by a read %d, by scanner %d)\n",
+		r.orders, r.paid, paid, callbacksPaid, late, r.cancelled, r.cancelledBy["timeout"], r.cancelledBy["read"], r.cancelledBy["scanner"])
 	fmt.Fprintf(stdout, "paid and cancelled: %d; unpaid past the cancel time: %d; cancelled early: %d; stock consistent: %v\n",
 		r.wronglyCancelled, r.leftUnpaid, r.early, r.stockOK)
-	fmt.Fprintf(stdout, "reads: shown EXPIRED by the lazy check %d times, shown UNPAID after the cancel time %d times\n", shownExpired, len(shownStale))
+	fmt.Fprintf(stdout, "payments in flight at the cancel time: %d, their timeouts snoozed: %d; late payments refunded: %d of %d\n",
+		inFlight, r.snoozed, r.refunds, refused)
+	fmt.Fprintf(stdout, "reads: shown EXPIRED by the lazy check %d times, cancelled by a read %d times, shown UNPAID after the cancel time %d times\n",
+		shownExpired, readCancels, len(shownStale))
 	fmt.Fprintf(stdout, "cancellation lateness: p50 %dms p99 %dms max %dms\n", r.p50, r.p99, r.max)
 	var broken []error
 	broken = append(broken, errs...)
 	if r.wronglyCancelled != 0 || r.leftUnpaid != 0 || r.early != 0 || !r.stockOK {
 		broken = append(broken, errors.New("an order invariant is broken"))
 	}
-	if r.paid != paid+late || r.paid+r.cancelled != r.orders {
-		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.paid, paid+late, r.paid+r.cancelled, r.orders))
+	if r.paid != paid+callbacksPaid+late || r.paid+r.cancelled != r.orders {
+		broken = append(broken, fmt.Errorf("%d orders paid, %d payments went through; %d of %d settled", r.paid, paid+callbacksPaid+late, r.paid+r.cancelled, r.orders))
+	}
+	if callbacksPaid != inFlight {
+		broken = append(broken, fmt.Errorf("%d of %d payments in flight at the cancel time were refused: the timeout did not wait for them", inFlight-callbacksPaid, inFlight))
+	}
+	if inFlight > 0 && r.snoozed == 0 {
+		broken = append(broken, errors.New("no timeout snoozed for a payment in flight"))
+	}
+	if r.refunds != refused || r.refundedPaid != 0 {
+		broken = append(broken, fmt.Errorf("%d refunds for %d refused payments, %d of them of a paid order", r.refunds, refused, r.refundedPaid))
 	}
 	if late != 0 {
 		broken = append(broken, fmt.Errorf("%d payments after the cancel time went through", late))
