@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -215,6 +216,20 @@ func MaxAttempts(n int) HandleOption {
 // zero fields keep Config.Consumer.Backoff's.
 func RetryBackoff(b broker.Backoff) HandleOption {
 	return HandleOption{func(p *broker.TopicPolicy) error { p.Backoff = b; return nil }}
+}
+
+// RateLimit bounds how many of the topic's tasks a second each consumer
+// process hands to the handler; the rest wait in the broker, never lost,
+// never early. n consumer processes take up to n times perSecond. The
+// time tasks wait for it is delaybridge_consumer_limited_seconds_total.
+func RateLimit(perSecond float64) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error {
+		if !(perSecond > 0) || math.IsInf(perSecond, 0) {
+			return fmt.Errorf("RateLimit(%v): want a number of tasks a second above zero", perSecond)
+		}
+		p.Rate = perSecond
+		return nil
+	}}
 }
 
 // HandlerTimeout bounds one run of the handler: its context is cancelled

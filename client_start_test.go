@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"os/exec"
@@ -132,6 +133,10 @@ func TestClient_HandleRefusesBadOptions(t *testing.T) {
 		"group 0":         delaybridge.GroupSize(0),
 		"attempts 0":      delaybridge.MaxAttempts(0),
 		"timeout 0":       delaybridge.HandlerTimeout(0),
+		"rate 0":          delaybridge.RateLimit(0),
+		"rate negative":   delaybridge.RateLimit(-5),
+		"rate infinite":   delaybridge.RateLimit(math.Inf(1)),
+		"rate NaN":        delaybridge.RateLimit(math.NaN()),
 		"shrinking retry": delaybridge.RetryBackoff(broker.Backoff{Multiplier: 0.5}),
 		"zero option":     {},
 	} {
@@ -139,7 +144,8 @@ func TestClient_HandleRefusesBadOptions(t *testing.T) {
 			t.Errorf("%s: Handle accepted it", name)
 		}
 	}
-	if err := c.Handle("calls-out", noop, delaybridge.GroupSize(1), delaybridge.MaxAttempts(3), delaybridge.HandlerTimeout(5*time.Second)); err != nil {
+	if err := c.Handle("calls-out", noop, delaybridge.GroupSize(1), delaybridge.MaxAttempts(3), delaybridge.HandlerTimeout(5*time.Second),
+		delaybridge.RateLimit(500)); err != nil {
 		t.Errorf("sound options refused: %v", err)
 	}
 }

@@ -47,6 +47,7 @@ type Metrics struct {
 	outcomes *prometheus.CounterVec
 	groups   *prometheus.HistogramVec
 	reruns   *prometheus.CounterVec
+	limited  *prometheus.CounterVec
 
 	relay, scanner, consumer *part
 }
@@ -98,17 +99,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		dead:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_dead_total", Help: "Messages the runtime gave up on."}, []string{"topic"}),
 		stuck:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_stuck_handlers_total", Help: "Handlers abandoned because they ran past HandlerTimeout plus HandlerGrace."}, []string{"topic"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_outcomes_total",
-			Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead)."},
+			Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead, snoozed)."},
 			[]string{"topic", "outcome", "reason"}),
 		groups: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
 			Help:    "Messages of the topic one committed group-commit transaction handled (a group holds two or more messages, of any topics; a lone due message runs on its own).",
 			Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"}),
 		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_reruns_total",
 			Help: "Handler runs repeated for a message because its group's transaction was rolled back after another message failed (broker.Message.Rerun)."}, []string{"topic"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_limited_seconds_total",
+			Help: "Time deliveries of the topic waited for its rate limit (RateLimit) before the handler: how far the limit holds the topic back."}, []string{"topic"}),
 	}
 	m.relay = &part{cs: []prometheus.Collector{m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency}}
 	m.scanner = &part{cs: []prometheus.Collector{m.rescued, m.business}}
-	m.consumer = &part{cs: []prometheus.Collector{m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups, m.reruns}}
+	m.consumer = &part{cs: []prometheus.Collector{m.lateness, m.hops, m.retries, m.dead, m.stuck, m.outcomes, m.groups, m.reruns, m.limited}}
 	for _, c := range []prometheus.Collector{m.relay, m.scanner, m.consumer} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("delaybridge: register metrics: %w", err)
@@ -150,6 +153,7 @@ func (m *Metrics) ConsumerHooks() broker.Hooks {
 		Stuck:   func(topic string) { m.stuck.WithLabelValues(topic).Inc() },
 		Grouped: func(topic string, n int, _ time.Duration) { m.groups.WithLabelValues(topic).Observe(float64(n)) },
 		Rerun:   func(topic string) { m.reruns.WithLabelValues(topic).Inc() },
+		Limited: func(topic string, waited time.Duration) { m.limited.WithLabelValues(topic).Add(waited.Seconds()) },
 		Settled: func(topic string, o broker.Outcome, reason string) {
 			m.outcomes.WithLabelValues(topic, string(o), skipLabel(reason)).Inc()
 		},
@@ -174,7 +178,7 @@ func joinConsumerHooks(a, b broker.Hooks) broker.Hooks {
 	return broker.Hooks{
 		Handled: join2(a.Handled, b.Handled), Settled: join3(a.Settled, b.Settled), Hopped: join2(a.Hopped, b.Hopped),
 		Retried: join2(a.Retried, b.Retried), Dead: join2(a.Dead, b.Dead), Grouped: join3(a.Grouped, b.Grouped), Stuck: join1(a.Stuck, b.Stuck),
-		Rerun: join1(a.Rerun, b.Rerun),
+		Rerun: join1(a.Rerun, b.Rerun), Limited: join2(a.Limited, b.Limited),
 	}
 }
 

@@ -42,6 +42,10 @@ type RelayConfig struct {
 	// MaxTopics bounds the distinct topics the relay publishes since it
 	// started; negative means no bound (--relay-max-topics).
 	MaxTopics int
+	// MaxRate bounds the rows a second the relay publishes; 0 is no
+	// bound. It is how fast a backlog drains after a broker outage
+	// (--relay-max-rate, docs/tuning.md).
+	MaxRate float64
 	// Logger receives the relay's logs. Default Config.Logger.
 	Logger *slog.Logger
 }
@@ -61,6 +65,7 @@ func (c RelayConfig) outbox() outbox.RelayConfig {
 		Lease:          c.Lease,
 		Topics:         c.Topics,
 		MaxTopics:      c.MaxTopics,
+		MaxRate:        c.MaxRate,
 		Logger:         c.Logger,
 	}
 }

@@ -15,6 +15,8 @@ func TestRelayConfig_CarriesEveryFieldToTheRelay(t *testing.T) {
 		switch f.Kind() {
 		case reflect.Int, reflect.Int64:
 			f.SetInt(int64(1000 + i))
+		case reflect.Float64:
+			f.SetFloat(float64(1000+i) + 0.5)
 		case reflect.Slice:
 			f.Set(reflect.ValueOf([]string{"t"}))
 		case reflect.Pointer:

@@ -41,6 +41,7 @@ func newRunCmd(a *app) *cobra.Command {
 		maxBytes     int64
 		topics       []string
 		maxTopics    int
+		maxRate      float64
 		otlpEndpoint string
 		statsEach    time.Duration
 		mTopics      int
@@ -90,7 +91,7 @@ back (up to --drain) and exits 0.`,
 				return err
 			}
 			relayCfg := outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
-				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Topics: topics, MaxTopics: maxTopics, Logger: a.log}
+				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Topics: topics, MaxTopics: maxTopics, MaxRate: maxRate, Logger: a.log}
 			if err := relayCfg.Check(broker.Limits{}); err != nil {
 				return fmt.Errorf("relay settings (--lookahead, --relay-*, --publish-timeout): %w", err)
 			}
@@ -211,6 +212,7 @@ back (up to --drain) and exits 0.`,
 	f.Int64Var(&maxBytes, "relay-batch-bytes", outbox.DefaultMaxBatchBytes, "payload bytes one claim holds at most")
 	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics relayed (default: any); others go dead")
 	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "most topics relayed; more go dead (-1 = any)")
+	f.Float64Var(&maxRate, "relay-max-rate", 0, "most rows relayed a second, the bound of a backlog's drain (0 = none)")
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP collector that receives traces, such as http://localhost:4318")
 	return cmd
 }

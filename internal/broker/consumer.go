@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Consumer is the runtime between a Subscriber and a Handler. It never runs
@@ -40,6 +42,8 @@ type Consumer struct {
 	held     heldQueue     // early messages waiting to come due (hold)
 	heldSeq  uint64        // arrival order of held messages
 	wakeHeld chan struct{} // a message was held ahead of the others
+
+	limits map[string]*rate.Limiter // by topic, for a TopicPolicy.Rate
 }
 
 type job struct {
@@ -74,6 +78,16 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		work:     make(chan job, queue),
 		stopping: make(chan struct{}),
 		wakeHeld: make(chan struct{}, 1),
+	}
+	for topic, p := range cfg.Topics {
+		if p.Rate > 0 {
+			if c.limits == nil {
+				c.limits = map[string]*rate.Limiter{}
+			}
+			// A tenth of a second's worth at once: smooth, yet a group
+			// still forms under load.
+			c.limits[topic] = rate.NewLimiter(rate.Limit(p.Rate), max(1, int(p.Rate/10)))
+		}
 	}
 	c.subCtx, c.stopSub = context.WithCancel(context.Background())
 	c.hardCtx, c.stopHard = context.WithCancel(context.Background())
@@ -185,8 +199,20 @@ const closeIdleWait = time.Second
 // holds it first when it arrived a little early.
 func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 	defer c.wg.Done()
+	lim := c.limits[topic]
 	for d := range ch {
 		j := job{topic: topic, d: d}
+		// A topic's Rate is taken before anything else, a hold
+		// included: each delivery passes here once, so none reaches the
+		// handler beyond the rate. Waiting here leaves the rest in the
+		// broker. A consumer that closes meanwhile gives the delivery
+		// back (enqueue).
+		if lim != nil && !lim.Allow() {
+			start := time.Now()
+			if lim.Wait(c.subCtx) == nil && c.cfg.Hooks.Limited != nil {
+				c.cfg.Hooks.Limited(topic, time.Since(start))
+			}
+		}
 		if d.Err == nil && d.Message != nil {
 			early := d.Message.DeliverAt.Sub(c.cfg.Now())
 			if early > 0 && early <= c.cfg.HoldWindow && c.hold(j, early) {

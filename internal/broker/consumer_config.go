@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sort"
 	"strings"
@@ -51,6 +52,9 @@ type Hooks struct {
 	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace);
 	// for a group, with the topic of its first message.
 	Stuck func(topic string)
+	// Limited is called after a delivery waited for its topic's Rate,
+	// with how long it waited.
+	Limited func(topic string, waited time.Duration)
 	// Rerun is called each time a handler runs again for a message whose
 	// earlier run of the same attempt was rolled back with its group
 	// (Message.Rerun). Its outcome is reported by Settled as usual.
@@ -74,6 +78,12 @@ type TopicPolicy struct {
 	// HandlerTimeout bounds one handler run. A group holds only messages
 	// of topics with the same timeout, and the timeout bounds the group.
 	HandlerTimeout time.Duration
+	// Rate bounds how many of the topic's deliveries a second this
+	// consumer takes to its handler; 0 is no bound. The rest wait in the
+	// broker, unacked up to the prefetch, never lost and never early.
+	// Each consumer process counts on its own: n processes take up to n
+	// times Rate. A delivery that waits reports it to Hooks.Limited.
+	Rate float64
 }
 
 // ConsumerConfig configures a Consumer. Every zero value means the default
@@ -227,6 +237,9 @@ func (c ConsumerConfig) Check() error {
 		negD("Topics["+t+"].HandlerTimeout", p.HandlerTimeout)
 		negD("Topics["+t+"].Backoff.Initial", p.Backoff.Initial)
 		negD("Topics["+t+"].Backoff.Max", p.Backoff.Max)
+		if p.Rate < 0 || math.IsNaN(p.Rate) || math.IsInf(p.Rate, 0) {
+			bad = append(bad, fmt.Sprintf("Topics[%s].Rate %v is not a rate (a second, 0 for none)", t, p.Rate))
+		}
 		if b := p.Backoff.problems("Topics[" + t + "].Backoff"); len(b) > 0 {
 			bad = append(bad, b...)
 		} else if m := p.Backoff.or(c.Backoff.or(defaultBackoff)); m.Initial > m.Max {
@@ -283,6 +296,7 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 			MaxAttempts:    cmp.Or(p.MaxAttempts, c.MaxAttempts),
 			Backoff:        p.Backoff.or(c.Backoff),
 			HandlerTimeout: cmp.Or(p.HandlerTimeout, c.HandlerTimeout),
+			Rate:           p.Rate,
 		}
 	}
 	c.Topics = topics

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,5 +252,71 @@ func TestNewConsumer_RefusesABadTopicPolicy(t *testing.T) {
 	}
 	if err := (broker.ConsumerConfig{Topics: map[string]broker.TopicPolicy{"t": {GroupSize: 1, MaxAttempts: 3}}}).Check(); err != nil {
 		t.Errorf("a sound policy refused: %v", err)
+	}
+}
+
+// A topic's Rate bounds how fast its deliveries reach the handler, and
+// only its own: another topic's go by. Every delivery is handled in the
+// end, none early, and the waiting is reported.
+func TestConsumer_RateBoundsOnlyItsTopic(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	const limited, free, perSecond = 40, 5, 20.0
+	var mu sync.Mutex
+	handled := map[string][]time.Time{}
+	var waited atomic.Int64
+	start := time.Now()
+	due := broker.MillisUTC(start)
+	for i := range limited {
+		bd.publish(t, fmt.Sprintf("l-%d", i), due)
+	}
+	for i := range free {
+		if err := bd.b.Publish(context.Background(), &broker.Message{Topic: "other", Key: fmt.Sprintf("f-%d", i), DeliverAt: due}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := broker.NewConsumer(bd.b, bd.b, func(_ context.Context, m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Now().Before(m.DeliverAt) {
+			t.Errorf("%s handled early", m.Key)
+		}
+		handled[m.Topic] = append(handled[m.Topic], time.Now())
+		return nil
+	}, broker.ConsumerConfig{Logger: quiet(), Topics: map[string]broker.TopicPolicy{bd.topic: {Rate: perSecond}},
+		DeadLetter: bd.dead, Hooks: broker.Hooks{Limited: func(_ string, d time.Duration) { waited.Add(int64(d)) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), bd.topic, "other"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	eventually(t, "every delivery handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled[bd.topic]) == limited && len(handled["other"]) == free
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	// The k-th delivery of the limited topic needs k tokens: the burst
+	// (2) at once, then one each 1/perSecond.
+	for k, at := range handled[bd.topic] {
+		if allowed := 2 + perSecond*at.Sub(start).Seconds(); float64(k+1) > allowed+1 {
+			t.Fatalf("delivery %d of the limited topic handled %v after the start, beyond %v a second", k+1, at.Sub(start), perSecond)
+		}
+	}
+	if last := handled["other"][free-1]; !last.Before(handled[bd.topic][limited/2]) {
+		t.Errorf("the free topic's last delivery came after half the limited topic's: the limit held it back")
+	}
+	if waited.Load() == 0 {
+		t.Error("no wait reported to Hooks.Limited")
+	}
+	if err := (broker.ConsumerConfig{Topics: map[string]broker.TopicPolicy{"x": {Rate: -1}}}).Check(); err == nil {
+		t.Error("a negative Rate passed Check")
 	}
 }

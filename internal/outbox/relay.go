@@ -1,16 +1,19 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"golang.org/x/time/rate"
 
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/store"
@@ -100,6 +103,11 @@ type RelayConfig struct {
 	// afresh; Topics is the firm bound. Default DefaultMaxTopics; negative
 	// means no bound.
 	MaxTopics int
+	// MaxRate bounds how many rows a second the relay claims to publish,
+	// across its loops; 0 is no bound. It bounds how fast a backlog
+	// drains (after a broker outage, say), so the drain never takes the
+	// database from the order service: the rest waits in the table.
+	MaxRate float64
 	// Hooks are metric callbacks; any may be nil.
 	Hooks RelayHooks
 	// Logger receives the relay's logs. Default slog.Default().
@@ -234,6 +242,8 @@ type Relay struct {
 	// the probe's next look: the relay is not quiet.
 	busy   atomic.Bool
 	topics topicGate
+	// rate bounds the rows claimed a second (MaxRate); nil: no bound.
+	rate *rate.Limiter
 }
 
 // topicGate decides which topics a relay publishes: those of its
@@ -301,6 +311,11 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	}
 	r := &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}
 	r.topics.max = cfg.MaxTopics
+	if cfg.MaxRate > 0 {
+		// A tenth of a second's worth a claim at most: the drain stays
+		// smooth rather than a full batch and then a long wait.
+		r.rate = rate.NewLimiter(rate.Limit(cfg.MaxRate), max(1, int(cfg.MaxRate/10)))
+	}
 	if len(cfg.Topics) > 0 {
 		r.topics.allowed = map[string]bool{}
 		for _, t := range cfg.Topics {
@@ -352,6 +367,9 @@ func (c RelayConfig) resolve(limits broker.Limits) (RelayConfig, error) {
 	default:
 		cfg.Pace = max(min(cfg.Pace, cfg.Lookahead/5), cfg.IdleMin)
 	}
+	if cfg.MaxRate < 0 || math.IsNaN(cfg.MaxRate) || math.IsInf(cfg.MaxRate, 0) {
+		return cfg, fmt.Errorf("outbox: NewRelay: MaxRate %v: want rows a second, or 0 for no bound", cfg.MaxRate)
+	}
 	if cfg.Lease <= cfg.PublishTimeout {
 		return cfg, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
@@ -384,6 +402,15 @@ func checkLookahead(cfg RelayConfig, limits broker.Limits) error {
 			cfg.Lookahead, limits.MaxHop, limits.MaxHop)
 	}
 	return nil
+}
+
+// batchSize is how many rows one claim takes: BatchSize, or less under
+// MaxRate.
+func (r *Relay) batchSize() int {
+	if r.rate != nil {
+		return min(r.cfg.BatchSize, r.rate.Burst())
+	}
+	return r.cfg.BatchSize
 }
 
 // Lookahead returns the lookahead the relay keeps, after the defaults: zero
@@ -479,7 +506,7 @@ func (r *Relay) loop(ctx context.Context) {
 			r.cfg.Logger.Warn("delaybridge relay: claim failed", "err", err, "retry_in", wait)
 		case err != nil:
 			return
-		case n == r.cfg.BatchSize:
+		case n == r.batchSize():
 			errWait.Reset()
 			idle = r.cfg.IdleMin
 			continue
@@ -526,7 +553,7 @@ func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
 	defer func() { <-r.serial }()
 	began := time.Now()
 	n, err := r.once(ctx, true)
-	if err == nil && n == r.cfg.BatchSize && r.ahead.Load() {
+	if err == nil && n == r.batchSize() && r.ahead.Load() {
 		t := time.NewTimer(time.Since(began))
 		defer t.Stop()
 		select {
@@ -548,6 +575,14 @@ func (r *Relay) Once(ctx context.Context) (int, error) { return r.once(ctx, fals
 // once is Once; a claim loop's (loop true) may resume where the loops'
 // last full batch ended (see resumePoint).
 func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
+	batchSize := r.batchSize()
+	if r.rate != nil {
+		// The claim takes no more rows than the bound allows now; the
+		// wait comes before the claim, so no lease is held meanwhile.
+		if err := r.rate.WaitN(ctx, batchSize); err != nil {
+			return 0, fmt.Errorf("outbox relay: %w", cmp.Or(ctx.Err(), err))
+		}
+	}
 	now := r.cfg.Now()
 	limit := int64(1<<63 - 1)
 	if r.cfg.Lookahead > 0 {
@@ -556,7 +591,7 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	owner := store.NewLeaseOwner()
 	spec := store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
-		Limit: r.cfg.BatchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
+		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
 	}
 	var batch []store.Claimed
 	var err error

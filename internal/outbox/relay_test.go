@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -900,5 +901,57 @@ BEGIN IF NEW.state = 'published' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT =
 	}
 	if n := b.count(t, "task_key = 'k' AND state = 'pending' AND lease_owner <> 0"); n != 1 {
 		t.Fatalf("%d rows still leased pending; want the unmarked row kept for its lease to expire", n)
+	}
+}
+
+// MaxRate bounds how fast the relay drains a backlog, across its loops:
+// at no moment has it published more than the bound allows since it
+// started, and in the end it has published every row.
+func TestRelay_MaxRateBoundsTheDrain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	const rows, perSecond = 300, 200.0
+	tasks := make([]outbox.Task, rows)
+	for i := range tasks {
+		tasks[i] = outbox.Task{Topic: "backlog", Key: fmt.Sprint(i), DueAt: time.Now().Add(-time.Minute)}
+	}
+	if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []float64{-1, math.NaN(), math.Inf(1)} {
+		if _, err := outbox.NewRelay(b.db, mem, outbox.RelayConfig{MaxRate: bad}); err == nil {
+			t.Errorf("MaxRate %v accepted", bad)
+		}
+	}
+	var mu sync.Mutex
+	var published int
+	var over []string
+	start := time.Now()
+	r := newRelay(t, b, mem, outbox.RelayConfig{MaxRate: perSecond, Workers: 4, Hooks: outbox.RelayHooks{Published: func(n int, _ time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		published += n
+		// The burst (a tenth of a second's worth) at once, then the rate.
+		if allowed := perSecond/10 + perSecond*time.Since(start).Seconds(); float64(published) > allowed+1 {
+			over = append(over, fmt.Sprintf("%d published %v after the start", published, time.Since(start)))
+		}
+	}}})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	ok := testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == rows })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("%d of %d rows published after 30 s", b.count(t, "state = 'published'"), rows)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(over) > 0 {
+		t.Fatalf("the relay went past %v rows a second: %v", perSecond, over)
 	}
 }
