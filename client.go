@@ -121,12 +121,15 @@ func (c *Client) Overdue(ctx context.Context, q Querier, topic, key string) (boo
 
 // RunNow runs topic's handler (the one Handle registered) for the task of
 // (topic, key) in tx, the caller's transaction, and marks the task done
-// there, when the task is due by the database's clock and not finished.
+// there, when the task is due by the database's clock and pending or
+// published (a dead task waits for its replay).
 // It reports whether the handler ran. The read path's lazy check uses it:
 // a request that finds an order overdue cancels it at once, in its own
 // transaction. Exactly one of RunNow and the broker's delivery runs the
 // handler; the other finds the task done. When the handler fails, RunNow
 // returns its error: roll tx back, and the delivery runs the task later.
+// Call it before other reads in tx, or read business rows in the handler
+// with locking reads: a plain read sees tx's first snapshot.
 func (c *Client) RunNow(ctx context.Context, tx *sql.Tx, topic, key string) (bool, error) {
 	c.mu.Lock()
 	fn := c.handlers[topic]

@@ -215,11 +215,13 @@ func story(ctx context.Context, svc *orderService, o options, stdout io.Writer) 
 				defer wg.Done()
 				time.Sleep(time.Until(callbackAt))
 				ok, err := svc.pay(ctx, id)
-				svc.channel.settled(id)
 				if err != nil {
+					// The payment stays pending at the channel: the
+					// timeout keeps waiting for it.
 					fail(err)
 					return
 				}
+				svc.channel.settled(id)
 				mu.Lock()
 				defer mu.Unlock()
 				if ok {

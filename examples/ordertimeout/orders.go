@@ -314,15 +314,22 @@ func (s *orderService) show(ctx context.Context, id string) (string, bool, error
 	}
 	ran, err := s.client.RunNow(context.WithValue(ctx, readPath{}, true), tx, topic, id)
 	if err != nil {
+		return "", false, err // the deferred rollback undoes the handler's writes
+	}
+	if ran {
+		return "CANCELLED", true, tx.Commit()
+	}
+	// The consumer ran it meanwhile, or a payment started just in time
+	// and the task waits for it: read the order again, past the snapshot.
+	if err := tx.QueryRowContext(ctx, "SELECT status FROM demo_orders WHERE id = ? FOR UPDATE", id).Scan(&status); err != nil {
 		return "", false, err
 	}
 	if err := tx.Commit(); err != nil {
 		return "", false, err
 	}
-	if ran {
-		return "CANCELLED", true, nil
+	if status != "UNPAID" {
+		return status, false, nil
 	}
-	// The consumer ran it meanwhile, or it waits for a payment.
 	return "EXPIRED", false, nil
 }
 

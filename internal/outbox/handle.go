@@ -14,8 +14,8 @@ import (
 // HandleResult says what Handle did with a message.
 type HandleResult int
 
-// Handle's results. Every result but Handled means the business function did
-// not run and the message can be acked.
+// Handle's results. Every result but Handled and Snoozed means the business
+// function did not run; the message can be acked after any of them.
 const (
 	// Handled: fn ran and the task is done, in one commit.
 	Handled HandleResult = iota

@@ -13,7 +13,8 @@ import (
 
 // RunNow runs fn for the task of (topic, key) in tx, the caller's
 // transaction, and marks the task done there, when the task is due by the
-// database's clock and pending or published. It reports whether fn ran.
+// database's clock and pending or published (a dead task waits for its
+// replay). It reports whether fn ran.
 // A task not yet due, done, cancelled, dead or missing is left as it is,
 // and RunNow returns false with no error.
 //
@@ -22,6 +23,11 @@ import (
 // waiting for the broker's delivery. The task row stays locked until tx
 // ends, so exactly one of RunNow and the consumer runs fn: the other finds
 // the task done and skips it.
+//
+// fn runs in a transaction that may have read before: under REPEATABLE
+// READ its plain reads see the snapshot of tx's first plain read, which
+// can be older than the task's lock. Call RunNow before other reads, or
+// have fn read business rows with locking reads (SELECT ... FOR UPDATE).
 //
 // When fn fails, RunNow returns its error and the caller rolls tx back;
 // the task then stays as it was, and its delivery runs it later. When fn

@@ -57,6 +57,9 @@ func snoozeOf(err error) (*SnoozeError, bool) {
 // treat as the handler's failure once the task has snoozed MaxSnoozes
 // times: a permanent one, so the task goes dead with its reason.
 func snooze(ctx context.Context, tx *sql.Tx, r *taskRow, s *SnoozeError) error {
+	if s.After > broker.DefaultMaxDelay {
+		return broker.Permanent(fmt.Errorf("outbox: snooze of %v is longer than a task may wait (%v): %s", s.After, broker.DefaultMaxDelay, s.Reason))
+	}
 	if r.snoozes >= MaxSnoozes {
 		return broker.Permanent(fmt.Errorf("outbox: snoozed %d times, the most a task may (MaxSnoozes); the last reason: %s", r.snoozes, s.Reason))
 	}

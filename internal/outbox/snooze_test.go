@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -157,4 +158,22 @@ func TestSnooze_FromRunNowMovesTheTask(t *testing.T) {
 		t.Fatalf("RunNow = %v, %v; want not run, no error", ran, err)
 	}
 	b.snoozed(t, "o", start, 10*time.Second, 1, 1)
+}
+
+// A snooze longer than a task may wait is a permanent failure, not a due
+// time that overflows or that no broker carries.
+func TestSnooze_LongerThanATaskMayWaitIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i, d := range []time.Duration{broker.DefaultMaxDelay + time.Hour, time.Duration(1<<63 - 1)} {
+		key := fmt.Sprintf("o-%d", i)
+		msg := b.order(t, key, time.Now().Add(-time.Millisecond))
+		_, err := outbox.Handle(b.ctx, b.db, msg, func(context.Context, *sql.Tx) error { return outbox.Snooze(d, "later") })
+		if !broker.IsPermanent(err) {
+			t.Errorf("snooze of %v: %v; want a permanent error", d, err)
+		}
+		if info, _ := outbox.Get(b.ctx, b.db, "order-cancel", key); info.Generation != 0 || info.Snoozes != 0 {
+			t.Errorf("snooze of %v changed the task: %+v", d, info)
+		}
+	}
 }
