@@ -9,8 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // Consumer is the runtime between a Subscriber and a Handler. It never runs
@@ -43,7 +41,48 @@ type Consumer struct {
 	heldSeq  uint64        // arrival order of held messages
 	wakeHeld chan struct{} // a message was held ahead of the others
 
-	limits map[string]*rate.Limiter // by topic, for a TopicPolicy.Rate
+	limits map[string]*window // by topic, for a TopicPolicy.Rate
+}
+
+// window lets n deliveries through in each window of length size
+// (n/size is the topic's Rate), starting a window with the first delivery
+// after the last one ended. Deliveries let through together go to the
+// handler together, as a group, where tokens trickling in one at a time
+// would make each its own transaction. Only its topic's dispatch loop
+// uses it.
+type window struct {
+	n     int
+	size  time.Duration
+	start time.Time
+	used  int
+}
+
+// newWindow is the window of rate deliveries a second: a tenth of a
+// second's worth at a time, or one.
+func newWindow(perSecond float64) *window {
+	n := max(1, int(perSecond/10))
+	return &window{n: n, size: time.Duration(float64(n) / perSecond * float64(time.Second))}
+}
+
+// wait returns once a delivery may pass, or when done is closed.
+func (w *window) wait(done <-chan struct{}) {
+	for {
+		now := time.Now()
+		if now.Sub(w.start) >= w.size {
+			w.start, w.used = now, 0
+		}
+		if w.used < w.n {
+			w.used++
+			return
+		}
+		t := time.NewTimer(w.start.Add(w.size).Sub(now))
+		select {
+		case <-t.C:
+		case <-done:
+			t.Stop()
+			return
+		}
+	}
 }
 
 type job struct {
@@ -82,11 +121,9 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 	for topic, p := range cfg.Topics {
 		if p.Rate > 0 {
 			if c.limits == nil {
-				c.limits = map[string]*rate.Limiter{}
+				c.limits = map[string]*window{}
 			}
-			// A tenth of a second's worth at once: smooth, yet a group
-			// still forms under load.
-			c.limits[topic] = rate.NewLimiter(rate.Limit(p.Rate), max(1, int(p.Rate/10)))
+			c.limits[topic] = newWindow(p.Rate)
 		}
 	}
 	c.subCtx, c.stopSub = context.WithCancel(context.Background())
@@ -202,16 +239,8 @@ func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 	lim := c.limits[topic]
 	for d := range ch {
 		j := job{topic: topic, d: d}
-		// A topic's Rate is taken before anything else, a hold
-		// included: each delivery passes here once, so none reaches the
-		// handler beyond the rate. Waiting here leaves the rest in the
-		// broker. A consumer that closes meanwhile gives the delivery
-		// back (enqueue).
-		if lim != nil && !lim.Allow() {
-			start := time.Now()
-			if lim.Wait(c.subCtx) == nil && c.cfg.Hooks.Limited != nil {
-				c.cfg.Hooks.Limited(topic, time.Since(start))
-			}
+		if lim != nil {
+			c.limit(topic, lim, d)
 		}
 		if d.Err == nil && d.Message != nil {
 			early := d.Message.DeliverAt.Sub(c.cfg.Now())
@@ -220,6 +249,38 @@ func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 			}
 		}
 		c.enqueue(j)
+	}
+}
+
+// limit waits, in topic's dispatch loop, until d may go to the handler
+// under the topic's Rate: first until it is due, when it will run here
+// rather than hop, then for room in the topic's window. Each delivery
+// passes here once, and counts only from its due time, so the handler
+// never sees more than the rate, even of messages that arrived early
+// together. Waiting here leaves the rest in the broker; other topics have
+// loops of their own. A consumer that closes meanwhile stops the wait,
+// and enqueue gives the delivery back.
+func (c *Consumer) limit(topic string, lim *window, d *Delivery) {
+	if d.Err != nil || d.Message == nil {
+		return // never handled: no token
+	}
+	early := d.Message.DeliverAt.Sub(c.cfg.Now())
+	if early > c.cfg.HoldWindow {
+		return // another hop, not a handler run
+	}
+	if early > 0 {
+		t := time.NewTimer(early)
+		select {
+		case <-t.C:
+		case <-c.subCtx.Done():
+			t.Stop()
+			return
+		}
+	}
+	due := time.Now()
+	lim.wait(c.subCtx.Done())
+	if waited := time.Since(due); waited > time.Millisecond && c.cfg.Hooks.Limited != nil {
+		c.cfg.Hooks.Limited(topic, waited)
 	}
 }
 

@@ -255,18 +255,20 @@ func TestNewConsumer_RefusesABadTopicPolicy(t *testing.T) {
 	}
 }
 
-// A topic's Rate bounds how fast its deliveries reach the handler, and
-// only its own: another topic's go by. Every delivery is handled in the
-// end, none early, and the waiting is reported.
+// A topic's Rate bounds how fast its deliveries reach the handler, from
+// their due time, and only its own: another topic's go by. Every delivery
+// is handled in the end, none early, and the waiting is reported.
 func TestConsumer_RateBoundsOnlyItsTopic(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, memory.Config{})
+	bd := setup(t, memory.Config{Limits: broker.Limits{Precision: 300 * time.Millisecond}, Early: 300 * time.Millisecond})
 	const limited, free, perSecond = 40, 5, 20.0
 	var mu sync.Mutex
 	handled := map[string][]time.Time{}
 	var waited atomic.Int64
-	start := time.Now()
-	due := broker.MillisUTC(start)
+	// Due a little after they arrive, as a broker delivers ahead of the
+	// due time: the rate counts from the due time, not from the arrival.
+	start := time.Now().Add(300 * time.Millisecond)
+	due := broker.MillisUTC(start).Add(time.Millisecond)
 	for i := range limited {
 		bd.publish(t, fmt.Sprintf("l-%d", i), due)
 	}

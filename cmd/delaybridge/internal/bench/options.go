@@ -36,6 +36,7 @@ type Options struct {
 	cpuProfile string
 	concurrent int
 	group      int
+	topicRate  float64
 	wait       time.Duration
 	httpAddr   string
 	relayOnly  bool
@@ -70,6 +71,7 @@ func (o *Options) Register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "topic", defaultBenchTopic, "topic the bench schedules to")
 	f.BoolVar(&o.relayOnly, "relay-only", false, "measure scheduling and the relay only: no consumer, no wait (the messages stay in the broker)")
 	f.IntVar(&o.group, "group", broker.DefaultGroupSize, "with --handler db, the most due tasks one transaction handles (1 = one at a time)")
+	f.Float64Var(&o.topicRate, "topic-rate", 0, "the topic's consumer rate limit, tasks a second (delaybridge.RateLimit; 0 = none)")
 	f.DurationVar(&o.wait, "wait", 2*time.Minute, "how long past the last due time to wait for handlers")
 	f.BoolVar(&o.noNudge, "no-nudge", false, "producers do not wake the relay after each commit, as when it runs in another process")
 	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker instead of --broker, to measure the database and this process alone")
@@ -108,6 +110,8 @@ func (o *Options) check(fs *pflag.FlagSet, lookaheadSetting func(fs *pflag.FlagS
 		return 0, fmt.Errorf("--relay-batch %d: need 1 or more", o.relayBatch)
 	case o.group < 1:
 		return 0, fmt.Errorf("--group %d: need 1 (one task a transaction) or more", o.group)
+	case !(o.topicRate >= 0) || math.IsInf(o.topicRate, 1):
+		return 0, fmt.Errorf("--topic-rate %v: need 0 (no limit) or a finite rate", o.topicRate)
 	}
 	if o.floor && (o.dbOnly || o.relayOnly) {
 		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")

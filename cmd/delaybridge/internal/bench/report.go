@@ -11,17 +11,20 @@ import (
 )
 
 type benchResult struct {
-	Broker      string           `json:"broker"`
-	Mode        string           `json:"mode"`
-	Tasks       int              `json:"tasks"`
-	Tracing     bool             `json:"tracing,omitempty"`
-	Scheduled   int64            `json:"scheduled"`
-	Handled     int64            `json:"handled"`
-	Lost        int64            `json:"lost"`
-	DupEffects  int64            `json:"dup_effects"`
-	Early       int64            `json:"early"`
-	ScheduleTPS float64          `json:"schedule_tps"`
-	RelayTPS    float64          `json:"relay_tps"`
+	Broker      string  `json:"broker"`
+	Mode        string  `json:"mode"`
+	Tasks       int     `json:"tasks"`
+	Tracing     bool    `json:"tracing,omitempty"`
+	Scheduled   int64   `json:"scheduled"`
+	Handled     int64   `json:"handled"`
+	Lost        int64   `json:"lost"`
+	DupEffects  int64   `json:"dup_effects"`
+	Early       int64   `json:"early"`
+	ScheduleTPS float64 `json:"schedule_tps"`
+	RelayTPS    float64 `json:"relay_tps"`
+	// HandledTPS is the tasks handled a second from the first due time to
+	// the last handled: how fast a burst drained.
+	HandledTPS  float64          `json:"handled_tps"`
 	BaselineTPS float64          `json:"baseline_publish_tps"`
 	Lateness    map[string]int64 `json:"lateness_ms"`
 	// PublishLateness is how long after its due time each task reached
@@ -111,6 +114,9 @@ func (b *benchSession) report() error {
 			late = append(late, max(t/1000-run.due[i], 0))
 			res.LastHandledMS = max(res.LastHandledMS, t/1000)
 		}
+	}
+	if span := res.LastHandledMS - res.FirstDueMS; span > 0 {
+		res.HandledTPS = float64(res.Handled) / (float64(span) / 1000)
 	}
 	l := percentile.Summarize(late)
 	res.Lateness = map[string]int64{"p50": l.P50, "p90": l.P90, "p99": l.P99, "max": l.Max}

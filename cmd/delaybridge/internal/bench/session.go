@@ -308,6 +308,9 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		grouped(topic, n, took)
 	}
 	ccfg := broker.WithTracing(broker.ConsumerConfig{Concurrency: o.concurrent, Logger: b.env.Log, Hooks: hooks, GroupSize: o.group}, b.tracing)
+	if o.topicRate > 0 {
+		ccfg.Topics = map[string]broker.TopicPolicy{o.topic: {Rate: o.topicRate}}
+	}
 	// The runtime's hold window with ccfg's HoldWindow unset: a message
 	// earlier than that goes on another hop.
 	sub := deliveryClock{b.cl.Sub, run, max(broker.DefaultHoldWindow, 2*b.cl.Pub.Limits().Precision)}
