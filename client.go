@@ -235,6 +235,21 @@ func RateLimit(perSecond float64) HandleOption {
 	}}
 }
 
+// MaxConcurrency bounds how many of the topic's tasks each consumer
+// process has in progress at once, from due to settled; the rest wait in
+// the broker. Use it for a handler that calls a service which takes only
+// so many calls at once. It is not Config.Consumer.Concurrency, the
+// workers all topics share.
+func MaxConcurrency(n int) HandleOption {
+	return HandleOption{func(p *broker.TopicPolicy) error {
+		if n < 1 {
+			return fmt.Errorf("MaxConcurrency(%d): want 1 or more", n)
+		}
+		p.Concurrency = n
+		return nil
+	}}
+}
+
 // HandlerTimeout bounds one run of the handler: its context is cancelled
 // then, and the run counts as a failed attempt.
 func HandlerTimeout(d time.Duration) HandleOption {

@@ -137,6 +137,7 @@ func TestClient_HandleRefusesBadOptions(t *testing.T) {
 		"rate negative":   delaybridge.RateLimit(-5),
 		"rate infinite":   delaybridge.RateLimit(math.Inf(1)),
 		"rate NaN":        delaybridge.RateLimit(math.NaN()),
+		"concurrency 0":   delaybridge.MaxConcurrency(0),
 		"shrinking retry": delaybridge.RetryBackoff(broker.Backoff{Multiplier: 0.5}),
 		"zero option":     {},
 	} {
@@ -145,7 +146,7 @@ func TestClient_HandleRefusesBadOptions(t *testing.T) {
 		}
 	}
 	if err := c.Handle("calls-out", noop, delaybridge.GroupSize(1), delaybridge.MaxAttempts(3), delaybridge.HandlerTimeout(5*time.Second),
-		delaybridge.RateLimit(500)); err != nil {
+		delaybridge.RateLimit(500), delaybridge.MaxConcurrency(4)); err != nil {
 		t.Errorf("sound options refused: %v", err)
 	}
 }

@@ -107,7 +107,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_reruns_total",
 			Help: "Handler runs repeated for a message because its group's transaction was rolled back after another message failed (broker.Message.Rerun)."}, []string{"topic"}),
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_limited_seconds_total",
-			Help: "Time deliveries of the topic waited for its rate limit (RateLimit) before the handler: how far the limit holds the topic back."}, []string{"topic"}),
+			Help: "Time deliveries of the topic waited, from due, for its RateLimit or MaxConcurrency: how far the bound holds the topic back."}, []string{"topic"}),
 	}
 	m.relay = &part{cs: []prometheus.Collector{m.relayPublished, m.relayFailed, m.relayDead, m.relayLatency}}
 	m.scanner = &part{cs: []prometheus.Collector{m.rescued, m.business}}

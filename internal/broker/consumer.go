@@ -41,7 +41,14 @@ type Consumer struct {
 	heldSeq  uint64        // arrival order of held messages
 	wakeHeld chan struct{} // a message was held ahead of the others
 
-	limits map[string]*window // by topic, for a TopicPolicy.Rate
+	gates map[string]*gate // by topic, for a TopicPolicy's Rate or Concurrency
+}
+
+// gate is what a topic's deliveries pass before its handler: a rate
+// window, a bound on how many are in progress at once, or both.
+type gate struct {
+	rate  *window       // nil: no Rate
+	slots chan struct{} // nil: no Concurrency; one element per delivery in progress
 }
 
 // window lets n deliveries through in each window of length size
@@ -88,6 +95,7 @@ func (w *window) wait(done <-chan struct{}) {
 type job struct {
 	topic string
 	d     *Delivery
+	slot  bool // holds one of its topic's Concurrency slots until settled
 }
 
 // NewConsumer builds a runtime that reads from sub, re-publishes hops and
@@ -119,12 +127,20 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		wakeHeld: make(chan struct{}, 1),
 	}
 	for topic, p := range cfg.Topics {
-		if p.Rate > 0 {
-			if c.limits == nil {
-				c.limits = map[string]*window{}
-			}
-			c.limits[topic] = newWindow(p.Rate)
+		if p.Rate <= 0 && p.Concurrency <= 0 {
+			continue
 		}
+		g := &gate{}
+		if p.Rate > 0 {
+			g.rate = newWindow(p.Rate)
+		}
+		if p.Concurrency > 0 {
+			g.slots = make(chan struct{}, p.Concurrency)
+		}
+		if c.gates == nil {
+			c.gates = map[string]*gate{}
+		}
+		c.gates[topic] = g
 	}
 	c.subCtx, c.stopSub = context.WithCancel(context.Background())
 	c.hardCtx, c.stopHard = context.WithCancel(context.Background())
@@ -236,11 +252,11 @@ const closeIdleWait = time.Second
 // holds it first when it arrived a little early.
 func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 	defer c.wg.Done()
-	lim := c.limits[topic]
+	g := c.gates[topic]
 	for d := range ch {
 		j := job{topic: topic, d: d}
-		if lim != nil {
-			c.limit(topic, lim, d)
+		if g != nil {
+			j.slot = c.admit(topic, g, d)
 		}
 		if d.Err == nil && d.Message != nil {
 			early := d.Message.DeliverAt.Sub(c.cfg.Now())
@@ -252,21 +268,23 @@ func (c *Consumer) dispatch(topic string, ch <-chan *Delivery) {
 	}
 }
 
-// limit waits, in topic's dispatch loop, until d may go to the handler
-// under the topic's Rate: first until it is due, when it will run here
-// rather than hop, then for room in the topic's window. Each delivery
-// passes here once, and counts only from its due time, so the handler
-// never sees more than the rate, even of messages that arrived early
-// together. Waiting here leaves the rest in the broker; other topics have
-// loops of their own. A consumer that closes meanwhile stops the wait,
-// and enqueue gives the delivery back.
-func (c *Consumer) limit(topic string, lim *window, d *Delivery) {
+// admit waits, in topic's dispatch loop, until d may go to the handler
+// under the topic's gate: first until it is due, when it will run here
+// rather than hop, then for room in the topic's rate window, then for a
+// free Concurrency slot, which it reports it took (released when the
+// delivery is settled: ack or nack). Each delivery passes here once and
+// counts only from its due time, so the handler never sees more than the
+// rate, even of messages that arrived early together. Waiting here leaves
+// the rest in the broker; other topics have loops of their own. A
+// consumer that closes meanwhile stops the wait, and enqueue gives the
+// delivery back.
+func (c *Consumer) admit(topic string, g *gate, d *Delivery) (slot bool) {
 	if d.Err != nil || d.Message == nil {
-		return // never handled: no token
+		return false // never handled: nothing to take
 	}
 	early := d.Message.DeliverAt.Sub(c.cfg.Now())
 	if early > c.cfg.HoldWindow {
-		return // another hop, not a handler run
+		return false // another hop, not a handler run
 	}
 	if early > 0 {
 		t := time.NewTimer(early)
@@ -274,13 +292,34 @@ func (c *Consumer) limit(topic string, lim *window, d *Delivery) {
 		case <-t.C:
 		case <-c.subCtx.Done():
 			t.Stop()
-			return
+			return false
 		}
 	}
 	due := time.Now()
-	lim.wait(c.subCtx.Done())
+	if g.rate != nil {
+		g.rate.wait(c.subCtx.Done())
+	}
+	if g.slots != nil {
+		select {
+		case g.slots <- struct{}{}:
+			slot = true
+		case <-c.subCtx.Done():
+		}
+	}
 	if waited := time.Since(due); waited > time.Millisecond && c.cfg.Hooks.Limited != nil {
 		c.cfg.Hooks.Limited(topic, waited)
+	}
+	return slot
+}
+
+// release gives back j's Concurrency slot, if it holds one.
+func (c *Consumer) release(j job) {
+	if !j.slot {
+		return
+	}
+	select {
+	case <-c.gates[j.topic].slots:
+	default:
 	}
 }
 

@@ -52,8 +52,8 @@ type Hooks struct {
 	// HandlerGrace past its HandlerTimeout (see ConsumerConfig.HandlerGrace);
 	// for a group, with the topic of its first message.
 	Stuck func(topic string)
-	// Limited is called after a delivery waited for its topic's Rate,
-	// with how long it waited.
+	// Limited is called after a delivery waited for its topic's Rate or
+	// Concurrency, with how long it waited from its due time.
 	Limited func(topic string, waited time.Duration)
 	// Rerun is called each time a handler runs again for a message whose
 	// earlier run of the same attempt was rolled back with its group
@@ -84,6 +84,12 @@ type TopicPolicy struct {
 	// Each consumer process counts on its own: n processes take up to n
 	// times Rate. A delivery that waits reports it to Hooks.Limited.
 	Rate float64
+	// Concurrency bounds how many of the topic's deliveries this consumer
+	// has in progress at once, from due to settled; 0 is no bound. The
+	// rest wait in the broker, as for Rate. Each process counts on its
+	// own. It is not the workers' count (ConsumerConfig.Concurrency),
+	// which all topics share.
+	Concurrency int
 }
 
 // ConsumerConfig configures a Consumer. Every zero value means the default
@@ -237,6 +243,7 @@ func (c ConsumerConfig) Check() error {
 		negD("Topics["+t+"].HandlerTimeout", p.HandlerTimeout)
 		negD("Topics["+t+"].Backoff.Initial", p.Backoff.Initial)
 		negD("Topics["+t+"].Backoff.Max", p.Backoff.Max)
+		neg("Topics["+t+"].Concurrency", int64(p.Concurrency))
 		if p.Rate < 0 || math.IsNaN(p.Rate) || math.IsInf(p.Rate, 0) {
 			bad = append(bad, fmt.Sprintf("Topics[%s].Rate %v is not a rate (a second, 0 for none)", t, p.Rate))
 		}
@@ -297,6 +304,7 @@ func (c ConsumerConfig) withDefaults(pub Publisher) ConsumerConfig {
 			Backoff:        p.Backoff.or(c.Backoff),
 			HandlerTimeout: cmp.Or(p.HandlerTimeout, c.HandlerTimeout),
 			Rate:           p.Rate,
+			Concurrency:    p.Concurrency,
 		}
 	}
 	c.Topics = topics

@@ -183,6 +183,7 @@ func (c *Consumer) dead(j job, reason error) {
 }
 
 func (c *Consumer) ack(j job) {
+	defer c.release(j)
 	if err := j.d.Acker.Ack(); errors.Is(err, ErrClosed) {
 		// Close ended the subscription while this message was handled,
 		// and it gave the delivery back: the broker redelivers it and
@@ -196,6 +197,7 @@ func (c *Consumer) ack(j job) {
 }
 
 func (c *Consumer) nack(j job) {
+	defer c.release(j)
 	if err := j.d.Acker.Nack(); errors.Is(err, ErrClosed) {
 		// The subscription already gave it back when it ended.
 		c.log.Debug("delaybridge: delivery already given back", "topic", j.topic)

@@ -322,3 +322,74 @@ func TestConsumer_RateBoundsOnlyItsTopic(t *testing.T) {
 		t.Error("a negative Rate passed Check")
 	}
 }
+
+// A topic's Concurrency bounds how many of its deliveries are in the
+// handler at once, though the workers could run more; another topic's
+// delivery goes by while the bound holds the rest back. Every delivery
+// is handled in the end.
+func TestConsumer_ConcurrencyBoundsOnlyItsTopic(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, memory.Config{})
+	const n, bound = 6, 2
+	var mu sync.Mutex
+	in, most, done := 0, 0, map[string]bool{}
+	release := make(chan struct{})
+	otherDone := make(chan struct{})
+	c, err := broker.NewConsumer(bd.b, bd.b, func(_ context.Context, m *broker.Message) error {
+		if m.Topic == "other" {
+			close(otherDone)
+			return nil
+		}
+		mu.Lock()
+		in++
+		most = max(most, in)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		defer mu.Unlock()
+		in--
+		done[m.Key] = true
+		return nil
+	}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 8, DeadLetter: bd.dead,
+		Topics: map[string]broker.TopicPolicy{bd.topic: {Concurrency: bound}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), bd.topic, "other"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	for i := range n {
+		bd.publish(t, fmt.Sprintf("k-%d", i), time.Now())
+	}
+	eventually(t, "the bound's worth in the handler", func() bool { mu.Lock(); defer mu.Unlock(); return in == bound })
+	if err := bd.b.Publish(context.Background(), &broker.Message{Topic: "other", Key: "o", DeliverAt: broker.MillisUTC(time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-otherDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other topic's delivery waited behind the bound")
+	}
+	// Let them through one at a time.
+	for range n {
+		select {
+		case release <- struct{}{}:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a delivery never reached the handler: a slot was not given back")
+		}
+	}
+	eventually(t, "every delivery handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(done) == n })
+	mu.Lock()
+	defer mu.Unlock()
+	if most != bound {
+		t.Fatalf("%d deliveries of the topic were in the handler at once, want at most and at least %d", most, bound)
+	}
+	if err := (broker.ConsumerConfig{Topics: map[string]broker.TopicPolicy{"x": {Concurrency: -1}}}).Check(); err == nil {
+		t.Error("a negative Concurrency passed Check")
+	}
+}
