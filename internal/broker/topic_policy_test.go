@@ -287,17 +287,7 @@ func TestConsumer_RateBoundsOnlyItsTopic(t *testing.T) {
 		return nil
 	}, broker.ConsumerConfig{Logger: quiet(), Topics: map[string]broker.TopicPolicy{bd.topic: {Rate: perSecond}},
 		DeadLetter: bd.dead, Hooks: broker.Hooks{Limited: func(_ string, d time.Duration) { waited.Add(int64(d)) }}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background(), bd.topic, "other"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
+	bd.startBoth(t, c, err)
 	eventually(t, "every delivery handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -352,17 +342,7 @@ func TestConsumer_ConcurrencyBoundsOnlyItsTopic(t *testing.T) {
 		return nil
 	}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 8, DeadLetter: bd.dead,
 		Topics: map[string]broker.TopicPolicy{bd.topic: {Concurrency: bound}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background(), bd.topic, "other"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
+	bd.startBoth(t, c, err)
 	for i := range n {
 		bd.publish(t, fmt.Sprintf("k-%d", i), time.Now())
 	}
@@ -392,4 +372,21 @@ func TestConsumer_ConcurrencyBoundsOnlyItsTopic(t *testing.T) {
 	if err := (broker.ConsumerConfig{Topics: map[string]broker.TopicPolicy{"x": {Concurrency: -1}}}).Check(); err == nil {
 		t.Error("a negative Concurrency passed Check")
 	}
+}
+
+// startBoth starts c, as NewConsumer returned it with err, on the
+// bundle's topic and on "other", and closes it at cleanup.
+func (bd *bundle) startBoth(t *testing.T, c *broker.Consumer, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), bd.topic, "other"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
 }
