@@ -30,7 +30,7 @@ func (b *bundle) snoozed(t *testing.T, key string, before time.Time, after time.
 		t.Fatal(err)
 	}
 	if info.State != outbox.StatePending || info.Generation != gen || info.Snoozes != snoozes || info.Attempts != 0 ||
-		info.Task.DueAt.Before(before.Add(after).Truncate(time.Millisecond)) || info.Task.DueAt.After(time.Now().Add(after)) ||
+		info.Task.DueAt.Before(before.Add(after).Truncate(time.Millisecond)) || info.Task.DueAt.After(time.Now().Add(after+time.Millisecond)) ||
 		!strings.HasPrefix(info.LastError, "snoozed: payment pending") {
 		t.Fatalf("%s after a snooze of %v: %+v", key, after, info)
 	}
