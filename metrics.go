@@ -102,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Deliveries the consumer runtime settled, by outcome (applied, skipped, retried, dead) and, for skipped, reason (done, cancelled, stale, missing, dead, snoozed)."},
 			[]string{"topic", "outcome", "reason"}),
 		groups: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delaybridge_consumer_group_size",
-			Help:    "Messages of the topic one committed group-commit transaction handled (a group holds two or more messages, of any topics; a lone due message runs on its own).",
+			Help:    "Messages of the topic one committed group-commit transaction handled (a group holds two or more messages of one topic; a lone due message runs on its own).",
 			Buckets: []float64{2, 5, 10, 20, 50, 100, 200, 500}}, []string{"topic"}),
 		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_consumer_reruns_total",
 			Help: "Handler runs repeated for a message because its group's transaction was rolled back after another message failed (broker.Message.Rerun)."}, []string{"topic"}),

@@ -21,7 +21,7 @@ type Consumer struct {
 	h    Handler
 	cfg  ConsumerConfig
 	log  *slog.Logger
-	work chan job
+	work *workQueue
 
 	subCtx    context.Context // cancelled when Close starts: stop taking messages
 	stopSub   context.CancelFunc
@@ -111,18 +111,16 @@ func NewConsumer(sub Subscriber, pub Publisher, h Handler, cfg ConsumerConfig) (
 		return nil, err
 	}
 	cfg = cfg.withDefaults(pub)
-	// Without a group handler the work queue is a hand-over: a delivery
-	// waits for a free worker. With one, it buffers a group, so a worker
-	// that finds messages waiting can take up to GroupSize of them at once;
-	// through an unbuffered channel it would only ever find the one or two
-	// senders blocked at that instant.
-	queue := 0
+	// Without a group handler each topic's lane holds one delivery for the
+	// next free worker. With one, it holds a group, so a worker that finds
+	// messages waiting can take up to GroupSize of them at once.
+	queue := 1
 	if cfg.Group != nil {
 		queue = cfg.GroupSize
 	}
 	c := &Consumer{
 		sub: sub, pub: pub, h: h, cfg: cfg, log: cfg.Logger,
-		work:     make(chan job, queue),
+		work:     newWorkQueue(queue),
 		stopping: make(chan struct{}),
 		wakeHeld: make(chan struct{}, 1),
 	}
@@ -369,7 +367,7 @@ func (c *Consumer) releaseHeld() {
 		}
 		c.mu.Unlock()
 		for _, j := range due {
-			c.enqueue(j)
+			c.enqueueHeld(j)
 		}
 		if len(due) > 0 {
 			continue
@@ -439,113 +437,91 @@ func (c *Consumer) enqueue(j job) {
 		return
 	default:
 	}
+	if !c.work.put(j, c.stopping) {
+		c.nack(j)
+		return
+	}
+	c.stoppedMeanwhile()
+}
+
+// enqueueHeld queues j, a held message come due, without waiting for room
+// in its topic's lane.
+func (c *Consumer) enqueueHeld(j job) {
 	select {
-	case c.work <- j:
-		// Buffered just as the consumer stopped: the workers may have
-		// drained the queue already, so give back what is left.
-		select {
-		case <-c.stopping:
-			c.drainWork()
-		default:
-		}
 	case <-c.stopping:
 		c.nack(j)
+		return
+	default:
+	}
+	c.work.putHeld(j)
+	c.stoppedMeanwhile()
+}
+
+// stoppedMeanwhile gives back what is queued when the consumer stopped
+// while a delivery was being queued: the workers may have drained the
+// queue already.
+func (c *Consumer) stoppedMeanwhile() {
+	select {
+	case <-c.stopping:
+		c.drainWork()
+	default:
 	}
 }
 
 // drainWork gives back every delivery still queued for a worker.
 func (c *Consumer) drainWork() {
-	for {
-		select {
-		case j := <-c.work:
-			c.nack(j)
-		default:
-			return
-		}
+	for _, j := range c.work.drain() {
+		c.nack(j)
 	}
 }
 
 func (c *Consumer) worker() {
 	defer c.wg.Done()
 	for {
-		select {
-		case <-c.stopping:
+		jobs := c.work.take(c.takeLimit, c.stopping)
+		if jobs == nil {
 			c.drainWork()
 			return
-		case j := <-c.work:
-			if !c.groupable(j) {
-				c.process(j)
-				continue
-			}
-			// Deliveries that are not ready (early, undecodable) or whose
-			// topic runs alone are set aside until the group is done: a
-			// hop or a dead letter waits on the broker, and the group's
-			// messages are due already.
-			batch, later := []job{j}, []job(nil)
-		fill:
-			for len(batch) < c.cfg.GroupSize && len(later) < c.cfg.GroupSize {
-				select {
-				case j2 := <-c.work:
-					if c.groupable(j2) {
-						batch = append(batch, j2)
-					} else {
-						later = append(later, j2)
-					}
-				default:
-					break fill
-				}
-			}
-			for _, g := range c.split(batch) {
-				if len(g) == 1 {
-					c.process(g[0])
-				} else {
-					c.processGroup(g)
-				}
-			}
-			for _, j := range later {
-				c.process(j)
+		}
+		// Deliveries that are not ready (early, undecodable) or whose
+		// topic runs alone are set aside until the group is done: a hop or
+		// a dead letter waits on the broker, and the group's messages are
+		// due already.
+		var batch, later []job
+		for _, j := range jobs {
+			if c.groupable(j) {
+				batch = append(batch, j)
+			} else {
+				later = append(later, j)
 			}
 		}
+		// A take is of one topic and at most its GroupSize: one group.
+		switch len(batch) {
+		case 0:
+		case 1:
+			c.process(batch[0])
+		default:
+			c.processGroup(batch)
+		}
+		for _, j := range later {
+			c.process(j)
+		}
 	}
+}
+
+// takeLimit is how many of topic's deliveries a worker takes at once: a
+// group's worth with a group handler, else one.
+func (c *Consumer) takeLimit(topic string) int {
+	if c.cfg.Group == nil {
+		return 1
+	}
+	return c.cfg.policy(topic).GroupSize
 }
 
 // groupable reports whether j may go into a group: there is a group
 // handler, j is ready, and its topic does not run alone.
 func (c *Consumer) groupable(j job) bool {
 	return c.cfg.Group != nil && c.ready(j) && c.cfg.policy(j.topic).GroupSize > 1
-}
-
-// split cuts batch into groups that keep each topic's policy: no more of
-// a topic's messages in one group than its GroupSize, and only topics of
-// one HandlerTimeout together, which then bounds the group. Without
-// topic policies it is batch itself.
-func (c *Consumer) split(batch []job) [][]job {
-	if len(c.cfg.Topics) == 0 {
-		return [][]job{batch}
-	}
-	type group struct {
-		timeout time.Duration
-		n       map[string]int
-		jobs    []job
-	}
-	var gs []*group
-next:
-	for _, j := range batch {
-		p := c.cfg.policy(j.topic)
-		for _, g := range gs {
-			if g.timeout == p.HandlerTimeout && g.n[j.topic] < p.GroupSize {
-				g.n[j.topic]++
-				g.jobs = append(g.jobs, j)
-				continue next
-			}
-		}
-		gs = append(gs, &group{timeout: p.HandlerTimeout, n: map[string]int{j.topic: 1}, jobs: []job{j}})
-	}
-	out := make([][]job, len(gs))
-	for i, g := range gs {
-		out[i] = g.jobs
-	}
-	return out
 }
 
 // ready reports whether j can go to the handler right now: decoded, due,
@@ -606,13 +582,9 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 	}
 	if c.cfg.Hooks.Grouped != nil && err == nil && len(grouped) > 0 {
-		// A group takes whatever is due, of any topic: each topic is told
-		// how many of its messages the transaction committed. A group that
-		// failed whole committed none; its messages run one at a time.
-		took := time.Since(start)
-		for _, tc := range topicCounts(grouped) {
-			c.cfg.Hooks.Grouped(tc.topic, tc.n, took)
-		}
+		// A group is of one topic (workQueue). A group that failed whole
+		// committed none; its messages run one at a time.
+		c.cfg.Hooks.Grouped(batch[0].topic, len(grouped), time.Since(start))
 	}
 	if err != nil {
 		if c.hardCtx.Err() != nil {
@@ -652,29 +624,6 @@ func (c *Consumer) processGroup(batch []job) {
 		}
 		c.process(j)
 	}
-}
-
-// topicCount is how many messages of a group one topic had.
-type topicCount struct {
-	topic string
-	n     int
-}
-
-// topicCounts counts batch's messages by topic, topics in the order they
-// first appear.
-func topicCounts(batch []job) []topicCount {
-	var out []topicCount
-next:
-	for _, j := range batch {
-		for i := range out {
-			if out[i].topic == j.topic {
-				out[i].n++
-				continue next
-			}
-		}
-		out = append(out, topicCount{topic: j.topic, n: 1})
-	}
-	return out
 }
 
 // process settles one delivery: dead, hop, wait, or run the handler.

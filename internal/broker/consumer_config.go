@@ -75,8 +75,7 @@ type TopicPolicy struct {
 	// Backoff is the retry delay; each zero field keeps the
 	// consumer-wide one.
 	Backoff Backoff
-	// HandlerTimeout bounds one handler run. A group holds only messages
-	// of topics with the same timeout, and the timeout bounds the group.
+	// HandlerTimeout bounds one handler run, and one group of the topic.
 	HandlerTimeout time.Duration
 	// Rate bounds how many of the topic's deliveries a second this
 	// consumer takes to its handler; 0 is no bound. The rest wait in the
@@ -133,9 +132,10 @@ type ConsumerConfig struct {
 	// OnRetry, when set, is told of each retry before it is published
 	// (outbox.RecordRetry).
 	OnRetry RetryRecorder
-	// Group, when set, receives the due messages a worker finds waiting at
-	// once, up to GroupSize of them: one when idle, more under load, with
-	// no wait to fill a group. The Handler handles a message that arrives
+	// Group, when set, receives the due messages of one topic a worker
+	// finds waiting at once, up to GroupSize of them: one when idle, more
+	// under load, with no wait to fill a group. Topics take turns, so a
+	// burst on one never queues another's messages behind it. The Handler handles a message that arrives
 	// alone and each message of a group that failed as a whole.
 	// outbox.NewConsumer sets it.
 	Group GroupHandler

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1064,10 +1065,10 @@ func (s topicSub) Subscribe(_ context.Context, topic string) (<-chan *broker.Del
 	return s[topic], nil
 }
 
-// A group takes what is due whatever its topic, and Hooks.Grouped tells
-// each topic how many of its messages the transaction committed; a group
-// that failed whole committed nothing and is not reported.
-func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
+// A group holds the messages of one topic, and Hooks.Grouped tells that
+// topic how many of them the transaction committed; a group that failed
+// whole committed nothing and is not reported.
+func TestConsumer_GroupedReportsTheTopicOfACommittedGroup(t *testing.T) {
 	t.Parallel()
 	for _, fail := range []bool{false, true} {
 		sub := topicSub{"a": make(chan *broker.Delivery, 8), "b": make(chan *broker.Delivery, 8)}
@@ -1077,7 +1078,7 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 		var mu sync.Mutex
 		inGroups := map[string]int{} // topic → messages the group handler got
 		reported := map[string]int{} // topic → what Grouped said
-		mixed := false
+		groups, mixed := 0, false
 		c, err := broker.NewConsumer(sub, pub, func(ctx context.Context, m *broker.Message) error {
 			if m.Key == "gate" {
 				close(gateIn)
@@ -1088,12 +1089,11 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 			Group: func(_ context.Context, msgs []*broker.Message) ([]error, error) {
 				mu.Lock()
 				defer mu.Unlock()
-				seen := map[string]bool{}
+				groups++
 				for _, m := range msgs {
 					inGroups[m.Topic]++
-					seen[m.Topic] = true
+					mixed = mixed || m.Topic != msgs[0].Topic
 				}
-				mixed = mixed || len(seen) > 1
 				if fail {
 					return nil, errors.New("the group's transaction failed")
 				}
@@ -1140,9 +1140,12 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		mu.Lock()
-		if !mixed {
+		if groups == 0 {
 			mu.Unlock()
-			t.Fatalf("fail=%v: no group held both topics (groups got %v): the test proves nothing", fail, inGroups)
+			t.Fatalf("fail=%v: no group ran: the test proves nothing", fail)
+		}
+		if mixed {
+			t.Errorf("fail=%v: a group held both topics (groups got %v)", fail, inGroups)
 		}
 		want := inGroups
 		if fail {
@@ -1152,6 +1155,74 @@ func TestConsumer_GroupedReportsEachTopicOfACommittedGroup(t *testing.T) {
 			t.Errorf("fail=%v: Grouped reported %v, want %v (what the committed groups held)", fail, reported, want)
 		}
 		mu.Unlock()
+	}
+}
+
+// A burst of one topic's messages due at one instant does not hold back
+// another topic's message due just after: topics take turns for the
+// workers, a group at a time, and the held messages of one topic never
+// wait for room behind another's.
+func TestConsumer_ABurstOnOneTopicDoesNotDelayAnother(t *testing.T) {
+	t.Parallel()
+	const burst, groupSize = 60, 5
+	sub := topicSub{"a": make(chan *broker.Delivery, burst), "b": make(chan *broker.Delivery, 1)}
+	pub := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = pub.Close() })
+	var mu sync.Mutex
+	var order []string // the first key of each group, in the order they ran
+	c, err := broker.NewConsumer(sub, pub, func(ctx context.Context, m *broker.Message) error {
+		mu.Lock()
+		order = append(order, m.Key)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}, broker.ConsumerConfig{Logger: quiet(), Concurrency: 1, GroupSize: groupSize,
+		Group: func(_ context.Context, msgs []*broker.Message) ([]error, error) {
+			mu.Lock()
+			order = append(order, msgs[0].Key)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond) // a group's transaction
+			return make([]error, len(msgs)), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	// Both arrive early and are held: the burst due at one instant, b's
+	// message 10 ms after it.
+	settled := make(chan string, burst+1)
+	due := time.Now().Add(200 * time.Millisecond)
+	for i := range burst {
+		key := fmt.Sprintf("a%d", i)
+		sub["a"] <- &broker.Delivery{Message: &broker.Message{Topic: "a", Key: key, DeliverAt: broker.MillisUTC(due)},
+			Acker: keyedAcker{key: key, settled: settled}}
+	}
+	sub["b"] <- &broker.Delivery{Message: &broker.Message{Topic: "b", Key: "b", DeliverAt: broker.MillisUTC(due.Add(10 * time.Millisecond))},
+		Acker: keyedAcker{key: "b", settled: settled}}
+	for range burst + 1 {
+		select {
+		case <-settled:
+		case <-time.After(10 * time.Second):
+			t.Fatal("not every delivery was settled")
+		}
+	}
+	close(sub["a"])
+	close(sub["b"])
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	at := slices.Index(order, "b")
+	if at < 0 {
+		t.Fatalf("b never ran; groups began with %v", order)
+	}
+	// b comes due while the burst's first group runs: it is due the next
+	// turn. In due order it would run after all burst/groupSize groups.
+	if at > 3 {
+		t.Errorf("b ran as group %d of %d (%v): behind the other topic's burst", at+1, len(order), order)
 	}
 }
 
