@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -298,7 +299,21 @@ type resumePoint struct {
 	at      atomic.Pointer[store.Position]
 	scanned time.Time   // when the last claim from the head began
 	stale   atomic.Bool // a row may be claimable before at
+	// draining holds the topics of the last full batch while the loops
+	// drain a backlog of few topics, and othersAt when a claim last looked
+	// for the rows of other topics (othersTurn).
+	draining []string
+	othersAt time.Time
 }
+
+// othersEvery is how often, while the loops drain one topic's backlog,
+// a claim takes the rows of other topics first: a burst of one topic
+// delays another's tasks by about this, not by the whole drain.
+const othersEvery = 100 * time.Millisecond
+
+// maxDrainingTopics is the most topics a backlog may have for othersTurn
+// to leave them out: past it the backlog is everybody's.
+const maxDrainingTopics = 4
 
 // NewRelay returns a relay from db to pub.
 func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error) {
@@ -725,6 +740,9 @@ func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Cl
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	began := time.Now()
+	if batch, commit, ok, err := r.othersTurn(ctx, spec, began); ok || err != nil {
+		return batch, commit, err
+	}
 	if at := p.at.Load(); at != nil && !p.stale.Load() && began.Sub(p.scanned) < r.rescan() {
 		spec.After = at
 	} else {
@@ -739,11 +757,58 @@ func (r *Relay) claimNext(ctx context.Context, spec store.ClaimSpec) ([]store.Cl
 	if err != nil || len(batch) < spec.Limit {
 		// Caught up (or failed): the next claim starts at the head.
 		p.at.Store(nil)
+		p.draining = nil
 		return batch, commit, err
 	}
 	last := store.PositionOf(batch[len(batch)-1])
 	p.at.Store(&last)
+	p.draining = drainingTopics(batch)
 	return batch, commit, nil
+}
+
+// othersTurn, every othersEvery while the loops drain a backlog of at most
+// maxDrainingTopics topics, claims from the head of the index the rows of
+// every other topic: a task of another topic due meanwhile goes out now,
+// not once the backlog is through. It reports ok when it claimed rows; the
+// caller then claims no more this turn. It looks first (store.First), so
+// with no other topic due it costs one read of the index. r.resume.mu is
+// held.
+func (r *Relay) othersTurn(ctx context.Context, spec store.ClaimSpec, now time.Time) ([]store.Claimed, func() error, bool, error) {
+	p := &r.resume
+	if len(p.draining) == 0 || p.at.Load() == nil || now.Sub(p.othersAt) < othersEvery {
+		return nil, nil, false, nil
+	}
+	p.othersAt = now
+	spec.ExcludeTopics = p.draining
+	first, err := store.First(ctx, r.db, spec)
+	if err != nil || first == nil {
+		return nil, nil, false, err
+	}
+	batch, commit, err := store.ClaimLeasedEarly(ctx, r.db, spec)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if len(batch) == 0 {
+		return nil, nil, false, commit()
+	}
+	return batch, commit, true, nil
+}
+
+// drainingTopics returns the topics of a full batch, nil when it has more
+// than maxDrainingTopics or one a claim cannot leave out.
+func drainingTopics(batch []store.Claimed) []string {
+	var topics []string
+	for _, c := range batch {
+		t := c.Message.Topic
+		if slices.Contains(topics, t) {
+			continue
+		}
+		if len(topics) == maxDrainingTopics || broker.ValidateTopic(t) != nil {
+			return nil
+		}
+		topics = append(topics, t)
+	}
+	return topics
 }
 
 // rescan is how long claims may resume past the head of the index before

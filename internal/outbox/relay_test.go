@@ -665,6 +665,49 @@ func TestRelay_DrainingPastItsLastBatchStillTakesRowsThatComeBeforeIt(t *testing
 	}
 }
 
+// While the loops drain one topic's backlog, another topic's task due
+// after the whole backlog still goes out within about othersEvery, not
+// once the drain is through: in due order it would be last.
+func TestRelay_AnotherTopicIsNotPublishedBehindOneTopicsBacklog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{Limits: broker.Limits{Lookahead: time.Minute}})
+	t.Cleanup(func() { _ = mem.Close() })
+	tasks := make([]outbox.Task, 3000)
+	due := time.Now().Add(-time.Second)
+	for i := range tasks {
+		tasks[i] = outbox.Task{Topic: "burst", Key: fmt.Sprintf("k-%d", i), DueAt: due}
+	}
+	if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+		t.Fatal(err)
+	}
+	// One loop, 100 rows a claim, each publish 50 ms: 30 batches, 1.5 s
+	// at least.
+	pub := &overlapPublisher{Publisher: mem, hold: 50 * time.Millisecond, gap: -1}
+	r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 1, BatchSize: 100, Probe: -1})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if !testutil.Eventually(10*time.Second, 5*time.Millisecond, func() bool { return b.count(t, "topic = 'burst' AND state = 'published'") >= 300 }) {
+		t.Fatal("after 10s: the drain has not begun")
+	}
+	// Due after every row of the backlog, so after all of them in the
+	// index the drain walks.
+	b.schedule(t, outbox.Task{Topic: "other", Key: "other", DueAt: time.Now().Add(time.Second)})
+	r.Nudge()
+	var left int // backlog rows still pending when the other topic's went out
+	if !testutil.Eventually(20*time.Second, 5*time.Millisecond, func() bool {
+		left = b.count(t, "topic = 'burst' AND state = 'pending'")
+		return b.count(t, "task_key = 'other' AND state = 'published'") == 1
+	}) {
+		t.Fatal("after 20s: the other topic's row is not published")
+	}
+	if left < 500 {
+		t.Fatalf("the other topic's row went out with only %d backlog rows left: it waited behind the backlog", left)
+	}
+}
+
 // RelayConfig.Check refuses, without a database or a broker, what NewRelay
 // refuses, so a daemon can check its settings before it connects.
 func TestRelayConfigCheck_RefusesWhatNewRelayRefuses(t *testing.T) {
