@@ -190,10 +190,18 @@ func (c *Consumer) Start(ctx context.Context, topics ...string) error {
 		c.stopSub()
 		return ErrClosed
 	}
+	// With two topics or more, a spare worker serves the topics no worker
+	// is on: one topic's burst keeps every worker, and another's task
+	// would wait for one to finish a group.
+	spare := len(chans) > 1
 	c.wg.Add(c.cfg.Concurrency + 1 + len(chans))
+	if spare {
+		c.wg.Add(1)
+		go c.worker(c.work.takeSpare)
+	}
 	c.mu.Unlock()
 	for i := 0; i < c.cfg.Concurrency; i++ {
-		go c.worker()
+		go c.worker(c.work.take)
 	}
 	go c.releaseHeld()
 	for i, ch := range chans {
@@ -475,37 +483,46 @@ func (c *Consumer) drainWork() {
 	}
 }
 
-func (c *Consumer) worker() {
+// worker handles what take returns until the consumer stops: c.work.take
+// for a worker, c.work.takeSpare for the spare one.
+func (c *Consumer) worker(take func(limit func(topic string) int, stop <-chan struct{}) []job) {
 	defer c.wg.Done()
 	for {
-		jobs := c.work.take(c.takeLimit, c.stopping)
+		jobs := take(c.takeLimit, c.stopping)
 		if jobs == nil {
 			c.drainWork()
 			return
 		}
-		// Deliveries that are not ready (early, undecodable) or whose
-		// topic runs alone are set aside until the group is done: a hop or
-		// a dead letter waits on the broker, and the group's messages are
-		// due already.
-		var batch, later []job
-		for _, j := range jobs {
-			if c.groupable(j) {
-				batch = append(batch, j)
-			} else {
-				later = append(later, j)
-			}
+		c.handle(jobs)
+		c.work.done(jobs[0].topic)
+	}
+}
+
+// handle handles the deliveries of one take: a group of the ready ones,
+// then the others one at a time.
+func (c *Consumer) handle(jobs []job) {
+	// Deliveries that are not ready (early, undecodable) or whose
+	// topic runs alone are set aside until the group is done: a hop or
+	// a dead letter waits on the broker, and the group's messages are
+	// due already.
+	var batch, later []job
+	for _, j := range jobs {
+		if c.groupable(j) {
+			batch = append(batch, j)
+		} else {
+			later = append(later, j)
 		}
-		// A take is of one topic and at most its GroupSize: one group.
-		switch len(batch) {
-		case 0:
-		case 1:
-			c.process(batch[0])
-		default:
-			c.processGroup(batch)
-		}
-		for _, j := range later {
-			c.process(j)
-		}
+	}
+	// A take is of one topic and at most its GroupSize: one group.
+	switch len(batch) {
+	case 0:
+	case 1:
+		c.process(batch[0])
+	default:
+		c.processGroup(batch)
+	}
+	for _, j := range later {
+		c.process(j)
 	}
 }
 

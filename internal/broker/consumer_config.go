@@ -97,7 +97,10 @@ type TopicPolicy struct {
 type ConsumerConfig struct {
 	// Concurrency is how many handlers (and, with Group, group
 	// transactions) run at once. Default DefaultConcurrencyFor(GOMAXPROCS):
-	// 4 on one or two cores, 6 on three, 8 on four or more.
+	// 4 on one or two cores, 6 on three, 8 on four or more. A consumer of
+	// two topics or more runs one more, a spare worker for the topics
+	// with no backlog, so one topic's burst never keeps another waiting
+	// for a worker; size the database pool for it.
 	Concurrency int
 	// HoldWindow is how early a message may arrive and still be waited out in
 	// memory (unacked, so it keeps counting against the subscriber's prefetch)
