@@ -365,6 +365,40 @@ func TestBench_AFailedFloorStillReportsTheBrokerRun(t *testing.T) {
 	}
 }
 
+// --trickle runs a second topic alone, then beside the main workload, and
+// reports it by phase: every trickle task handled, none early.
+func TestBench_TrickleIsReportedByPhase(t *testing.T) {
+	_, dsn := testenv.ScratchDB(t)
+	out := mustRun(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "2000", "--delay", "3s", "--per-tx", "500", "--anchored",
+		"--handler", "db", "--trickle", "20", "--trickle-idle", "3s", "--trickle-delay", "500ms", "--json", "--wait", "60s", "--log-level", "error"},
+		testenv.RabbitFlags(t)...)...)
+	m := lastJSON(t, out)
+	if m["handled"] != 2000.0 || m["lost"] != 0.0 || m["early"] != 0.0 {
+		t.Fatalf("bench summary %v", m)
+	}
+	tr, ok := m["trickle"].(map[string]any)
+	if !ok {
+		t.Fatalf("no trickle in the summary %v", m)
+	}
+	phases, _ := tr["phases"].([]any)
+	seen := map[string]float64{}
+	for _, p := range phases {
+		p := p.(map[string]any)
+		if p["lost"] != 0.0 || p["early"] != 0.0 {
+			t.Fatalf("trickle phase %v", p)
+		}
+		seen[p["phase"].(string)], _ = p["tasks"].(float64)
+	}
+	// 20 a second for 3 s alone, each due 0.5 s after it: about 50 due
+	// in the idle phase.
+	if seen["idle"] < 20 || seen["idle"]+seen["load"]+seen["drain"]+seen["after"] < 60 {
+		t.Fatalf("trickle tasks by phase %v, want about 50 idle and 60 or more in all", seen)
+	}
+	if !strings.Contains(out, "delaybridge-bench-trickle, idle: ") || !strings.Contains(out, "order transactions, ms p50 ") {
+		t.Fatalf("the trickle's lines are not in the summary:\n%s", out)
+	}
+}
+
 // runContext runs the CLI with args under ctx and returns its stdout.
 func runContext(ctx context.Context, args ...string) (string, error) {
 	var out bytes.Buffer
@@ -410,6 +444,9 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--rabbit-prefix", ""}, `invalid argument "" for "--rabbit-prefix" flag: must not be empty`},
 		{[]string{"--relay-batch", "0"}, "--relay-batch 0: need 1"},
 		{[]string{"--group", "-1"}, "--group -1: need 1"},
+		{[]string{"--trickle", "-1"}, "--trickle -1: need 0"},
+		{[]string{"--trickle", "5", "--preload"}, "--trickle needs the relay running from the start"},
+		{[]string{"--trickle", "5", "--trickle-idle", "0s"}, "need a positive idle time"},
 	} {
 		_, _, err := run(t, append([]string{"bench", "--mysql-dsn", dsn, "--tasks", "10", "--log-level", "error"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -32,7 +32,7 @@ type benchRun struct {
 	runs      []atomic.Int32 // handler runs
 	count     atomic.Int64
 	early     atomic.Int64
-	relayed   atomic.Int64 // rows the relay marked published or dead
+	relayed   atomic.Int64 // tasks the broker confirmed or the relay marked dead
 	// group commits: transactions, the messages in them, their time
 	groups, grouped, groupMicros atomic.Int64
 }
@@ -66,10 +66,21 @@ func (r *benchRun) seen(i int, now time.Time) {
 // the broker confirmed each task's first publish.
 type confirmClock struct {
 	broker.Publisher
-	run *benchRun
+	run     *benchRun
+	trickle *trickle // nil without --trickle
 }
 
 func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	if c.trickle != nil {
+		sent := time.Now().UnixMilli()
+		for _, m := range msgs {
+			c.trickle.note(m.Key, func(t *trickleTask) {
+				if t.sent == 0 {
+					t.sent = sent
+				}
+			})
+		}
+	}
 	err := c.Publisher.Publish(ctx, msgs...)
 	now := time.Now().UnixMilli()
 	// A batch that failed in part still had the rest confirmed.
@@ -78,7 +89,15 @@ func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) erro
 			continue
 		}
 		if i, ok := c.run.index(msgs[j].Key); ok {
-			c.run.published[i].CompareAndSwap(0, now)
+			if c.run.published[i].CompareAndSwap(0, now) {
+				c.run.relayed.Add(1)
+			}
+		} else if c.trickle != nil {
+			c.trickle.note(msgs[j].Key, func(t *trickleTask) {
+				if t.published == 0 {
+					t.published = now
+				}
+			})
 		}
 	}
 	return err
@@ -89,8 +108,9 @@ func (c confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) erro
 // delivery on as it takes it, so it holds none back.
 type deliveryClock struct {
 	broker.Subscriber
-	run  *benchRun
-	hold time.Duration // the consumer's hold window
+	run     *benchRun
+	trickle *trickle      // nil without --trickle
+	hold    time.Duration // the consumer's hold window
 }
 
 func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *broker.Delivery, error) {
@@ -105,8 +125,15 @@ func (c deliveryClock) Subscribe(ctx context.Context, topic string) (<-chan *bro
 			// A message too early to hold is sent on another hop: it has
 			// not reached the consumer for good yet.
 			if m := d.Message; m != nil && time.Until(m.DeliverAt) <= c.hold {
+				now := time.Now().UnixMicro()
 				if i, ok := c.run.index(m.Key); ok {
-					c.run.delivered[i].CompareAndSwap(0, time.Now().UnixMicro())
+					c.run.delivered[i].CompareAndSwap(0, now)
+				} else if c.trickle != nil {
+					c.trickle.note(m.Key, func(t *trickleTask) {
+						if t.delivered == 0 {
+							t.delivered = now
+						}
+					})
 				}
 			}
 			select {

@@ -45,6 +45,11 @@ type Options struct {
 	pace       time.Duration
 	topic      string
 	noNudge    bool
+	// trickle is --trickle's rate; trickleIdle and trickleDelay its
+	// other flags.
+	trickle      float64
+	trickleIdle  time.Duration
+	trickleDelay time.Duration
 }
 
 // Register adds bench's flags to f. The flags it shares with run take
@@ -76,8 +81,14 @@ func (o *Options) Register(f *pflag.FlagSet) {
 	f.BoolVar(&o.noNudge, "no-nudge", false, "producers do not wake the relay after each commit, as when it runs in another process")
 	f.BoolVar(&o.dbOnly, "database-only", false, "use an in-process broker instead of --broker, to measure the database and this process alone")
 	f.BoolVar(&o.trace, "trace", false, "make OpenTelemetry spans as a traced service would (batched, then dropped)")
+	f.Float64Var(&o.trickle, "trickle", 0, "also schedule this many tasks a second to <topic>-trickle, one an order transaction (0 = none)")
+	f.DurationVar(&o.trickleIdle, "trickle-idle", 15*time.Second, "with --trickle, how long it runs alone before the main workload starts")
+	f.DurationVar(&o.trickleDelay, "trickle-delay", 2*time.Second, "with --trickle, the delay of each of its tasks")
 	f.BoolVar(&o.floor, "floor", false, "run the workload with --database-only's broker, then with --broker, and report both")
 }
+
+// trickleTopic is the topic of --trickle's tasks.
+func (o *Options) trickleTopic() string { return o.topic + "-trickle" }
 
 // maxBenchTasks bounds --tasks: the bench tracks each task (its due time,
 // handled time and runs) in memory.
@@ -112,6 +123,19 @@ func (o *Options) check(fs *pflag.FlagSet, lookaheadSetting func(fs *pflag.FlagS
 		return 0, fmt.Errorf("--group %d: need 1 (one task a transaction) or more", o.group)
 	case !(o.topicRate >= 0) || math.IsInf(o.topicRate, 1):
 		return 0, fmt.Errorf("--topic-rate %v: need 0 (no limit) or a finite rate", o.topicRate)
+	}
+	if o.trickle != 0 {
+		switch {
+		case !(o.trickle > 0) || math.IsInf(o.trickle, 1) || o.trickle > 1000:
+			return 0, fmt.Errorf("--trickle %v: need 0 (none) or a rate up to 1000 a second", o.trickle)
+		case o.trickleIdle <= 0 || o.trickleDelay < 0:
+			return 0, fmt.Errorf("--trickle-idle %v, --trickle-delay %v: need a positive idle time and a delay of 0 or more", o.trickleIdle, o.trickleDelay)
+		case o.floor || o.relayOnly || o.preload:
+			return 0, fmt.Errorf("--trickle needs the relay running from the start: not with --floor, --relay-only or --preload")
+		}
+		if err := broker.ValidateTopic(o.trickleTopic()); err != nil {
+			return 0, fmt.Errorf("--trickle: %w", err)
+		}
 	}
 	if o.floor && (o.dbOnly || o.relayOnly) {
 		return 0, fmt.Errorf("--floor compares a broker run with the database alone: not with --database-only or --relay-only")

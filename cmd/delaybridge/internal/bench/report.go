@@ -67,6 +67,17 @@ type benchResult struct {
 	// commit (its log flush) that every claim waits for, so a task's
 	// lateness can be no better than its tail.
 	CommitLatency map[string]int64 `json:"db_commit_ms,omitempty"`
+	// Trickle is --trickle's topic by phase: alone (idle), while the main
+	// tasks were scheduled and published (load), from their first due time
+	// to the last handled (drain), and the rest (after).
+	Trickle *trickleResult `json:"trickle,omitempty"`
+}
+
+type trickleResult struct {
+	Topic      string         `json:"topic"`
+	Rate       float64        `json:"rate"`
+	DupEffects int64          `json:"dup_effects"`
+	Phases     []tricklePhase `json:"phases"`
 }
 
 func (b *benchSession) reportRelayOnly() error {
@@ -127,6 +138,22 @@ func (b *benchSession) report() error {
 		res.MeanGroupMS = float64(run.groupMicros.Load()) / 1000 / float64(res.Groups)
 	}
 
+	if t := b.trickle; t != nil {
+		dup, err := t.duplicates(context.Background(), o.handler == "db")
+		if err != nil {
+			return err
+		}
+		res.Trickle = &trickleResult{Topic: t.topic, Rate: t.rate, DupEffects: dup, Phases: []tricklePhase{
+			t.summary(b.trickleStart.UnixMilli(), b.scheduleStart.UnixMilli(), "idle"),
+			t.summary(b.scheduleStart.UnixMilli(), res.FirstDueMS, "load"),
+			t.summary(res.FirstDueMS, res.LastHandledMS+1, "drain"),
+			t.summary(res.LastHandledMS+1, 1<<62, "after"),
+		}}
+		if err := t.failed(); err != nil {
+			return err
+		}
+	}
+
 	var delivered []int64
 	for i := range run.delivered {
 		if t := run.delivered[i].Load(); t != 0 {
@@ -173,6 +200,9 @@ func (b *benchSession) report() error {
 		fmt.Fprintf(out, "database commit (one-row UPDATE every %v through the run, %d samples), ms: p50 %d p90 %d p99 %d max %d\n",
 			commitSample, c["samples"], c["p50"], c["p90"], c["p99"], c["max"])
 	}
+	if t := res.Trickle; t != nil {
+		printPhases(out, t.Topic, t.Phases)
+	}
 	if f := res.Floor; f != nil {
 		fmt.Fprintf(out, "floor, the same workload through the database alone just before: lateness ms p50 %d p90 %d p99 %d max %d\n",
 			f.Lateness["p50"], f.Lateness["p90"], f.Lateness["p99"], f.Lateness["max"])
@@ -189,6 +219,15 @@ func (b *benchSession) report() error {
 // without the outbox, so a redelivery runs it again: its duplicates are
 // reported, not a failure.
 func (res *benchResult) broken(handler string) error {
+	if t := res.Trickle; t != nil {
+		var lost, early int
+		for _, p := range t.Phases {
+			lost, early = lost+p.Lost, early+p.Early
+		}
+		if lost > 0 || early > 0 || (handler == "db" && t.DupEffects > 0) {
+			return fmt.Errorf("bench: %s lost %d, early %d, duplicate effects %d", t.Topic, lost, early, t.DupEffects)
+		}
+	}
 	if res.Lost > 0 || res.Early > 0 || (handler == "db" && res.DupEffects > 0) {
 		return fmt.Errorf("bench: lost %d, early %d, duplicate effects %d", res.Lost, res.Early, res.DupEffects)
 	}

@@ -111,6 +111,10 @@ type benchSession struct {
 	closers  []func()
 	// tracing is on with --trace: the spans a traced service makes.
 	tracing broker.Tracing
+	// trickle is --trickle's topic, nil without it; trickleStart is when
+	// it started.
+	trickle      *trickle
+	trickleStart time.Time
 
 	scheduleStart time.Time
 }
@@ -172,6 +176,9 @@ func (b *benchSession) run(ctx context.Context) error {
 		b.tracing = broker.NewTracing(tp, b.env.Broker().Broker)
 		b.res.Tracing = true
 	}
+	if o.trickle > 0 && !b.floorRun {
+		b.trickle = newTrickle(b.db, o.trickleTopic(), o.trickle, o.trickleDelay)
+	}
 	if err := b.startConsumer(ctx); err != nil {
 		return err
 	}
@@ -210,6 +217,23 @@ func (b *benchSession) run(ctx context.Context) error {
 	} else {
 		close(commitsDone)
 	}
+	trickling, stopTrickle := context.WithCancel(work)
+	defer stopTrickle()
+	if b.trickle != nil {
+		nudge := b.relay.Nudge
+		if o.noNudge {
+			nudge = nil
+		}
+		b.trickleStart = time.Now()
+		bg.Add(1)
+		go func() { defer bg.Done(); b.trickle.run(trickling, nudge) }()
+		fmt.Fprintf(b.env.Stderr, "trickle: %v a second to %s, alone for %v\n", o.trickle, o.trickleTopic(), o.trickleIdle)
+		select {
+		case <-time.After(o.trickleIdle):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 
 	if err := b.schedule(ctx); err != nil {
 		return err
@@ -228,6 +252,10 @@ func (b *benchSession) run(ctx context.Context) error {
 		return b.reportRelayOnly()
 	}
 	b.waitForHandlers(ctx)
+	if b.trickle != nil {
+		stopTrickle()
+		b.trickle.wait(ctx, time.Now().Add(o.trickleDelay).Add(o.wait))
+	}
 	stopWork()
 	<-commitsDone
 	if commitErr != nil {
@@ -270,7 +298,7 @@ func (b *benchSession) open(ctx context.Context) error {
 	if _, err := db.ExecContext(ctx, "DELETE FROM bench_orders"); err != nil {
 		return err
 	}
-	if _, err := db.ExecContext(ctx, "DELETE FROM delay_task WHERE topic = ?", o.topic); err != nil {
+	if _, err := db.ExecContext(ctx, "DELETE FROM delay_task WHERE topic IN (?, ?)", o.topic, o.trickleTopic()); err != nil {
 		return err
 	}
 	if o.dbOnly {
@@ -313,12 +341,14 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 	}
 	// The runtime's hold window with ccfg's HoldWindow unset: a message
 	// earlier than that goes on another hop.
-	sub := deliveryClock{b.cl.Sub, run, max(broker.DefaultHoldWindow, 2*b.cl.Pub.Limits().Precision)}
+	sub := deliveryClock{b.cl.Sub, run, b.trickle, max(broker.DefaultHoldWindow, 2*b.cl.Pub.Limits().Precision)}
 	var err error
 	if o.handler == "noop" {
 		b.consumer, err = broker.NewConsumer(sub, b.cl.Pub, func(ctx context.Context, m *broker.Message) error {
 			if i, ok := run.index(m.Key); ok {
 				run.seen(i, time.Now())
+			} else if b.trickle != nil {
+				b.trickle.seen(m.Key, time.Now())
 			}
 			return nil
 		}, ccfg)
@@ -328,25 +358,33 @@ func (b *benchSession) startConsumer(ctx context.Context) error {
 		// shared transactions.
 		b.consumer, err = outbox.NewConsumer(b.db, sub, b.cl.Pub, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 			i, ok := run.index(m.Key)
-			if !ok {
+			if !ok && (b.trickle == nil || m.Topic != b.trickle.topic) {
 				return nil
 			}
 			now := time.Now()
 			if _, err := tx.ExecContext(ctx, "UPDATE bench_orders SET status = 'CANCELLED', effects = effects + 1 WHERE id = ? AND status = 'UNPAID'", m.Key); err != nil {
 				return err
 			}
-			run.seen(i, now)
+			if ok {
+				run.seen(i, now)
+			} else {
+				b.trickle.seen(m.Key, now)
+			}
 			return nil
 		}, ccfg)
 	}
 	if err != nil {
 		return err
 	}
-	if err := b.cl.Ensure(ctx, o.topic, broker.DefaultDeadTopic); err != nil {
+	topics := []string{o.topic}
+	if b.trickle != nil {
+		topics = append(topics, b.trickle.topic)
+	}
+	if err := b.cl.Ensure(ctx, append(topics, broker.DefaultDeadTopic)...); err != nil {
 		return err
 	}
 	if !o.relayOnly {
-		if err := b.consumer.Start(ctx, o.topic); err != nil {
+		if err := b.consumer.Start(ctx, topics...); err != nil {
 			return err
 		}
 	}
@@ -393,11 +431,12 @@ func (b *benchSession) measureBaseline(ctx context.Context) error {
 // the table for it would itself load the database the bench measures.
 func (b *benchSession) newRelay() error {
 	hooks := b.m.RelayHooks()
-	published, dead := hooks.Published, hooks.Dead
-	hooks.Published = func(n int, took time.Duration) { b.tasks.relayed.Add(int64(n)); published(n, took) }
+	// Published rows are counted as the broker confirms them
+	// (confirmClock), so --trickle's do not count.
+	dead := hooks.Dead
 	hooks.Dead = func(n int) { b.tasks.relayed.Add(int64(n)); dead(n) }
 	var err error
-	b.relay, err = outbox.NewRelay(b.db, broker.TracePublisher(confirmClock{b.cl.Pub, b.tasks}, b.tracing, "send"), outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
+	b.relay, err = outbox.NewRelay(b.db, broker.TracePublisher(confirmClock{b.cl.Pub, b.tasks, b.trickle}, b.tracing, "send"), outbox.RelayConfig{Workers: b.o.relayWkrs, BatchSize: b.o.relayBatch,
 		Lookahead: b.ahead, Pace: b.o.pace, Logger: b.env.Log, Hooks: hooks})
 	return err
 }
