@@ -46,6 +46,9 @@ type RelayConfig struct {
 	// bound. It is how fast a backlog drains after a broker outage
 	// (--relay-max-rate, docs/tuning.md).
 	MaxRate float64
+	// TopicRates bounds, by topic, the rows a second the relay publishes
+	// of it; the other topics go out as usual (--relay-topic-rate).
+	TopicRates map[string]float64
 	// Logger receives the relay's logs. Default Config.Logger.
 	Logger *slog.Logger
 }
@@ -66,6 +69,7 @@ func (c RelayConfig) outbox() outbox.RelayConfig {
 		Topics:         c.Topics,
 		MaxTopics:      c.MaxTopics,
 		MaxRate:        c.MaxRate,
+		TopicRates:     c.TopicRates,
 		Logger:         c.Logger,
 	}
 }

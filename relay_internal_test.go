@@ -21,6 +21,8 @@ func TestRelayConfig_CarriesEveryFieldToTheRelay(t *testing.T) {
 			f.Set(reflect.ValueOf([]string{"t"}))
 		case reflect.Pointer:
 			f.Set(reflect.New(f.Type().Elem()))
+		case reflect.Map:
+			f.Set(reflect.ValueOf(map[string]float64{"t": float64(1000+i) + 0.5}))
 		default:
 			t.Fatalf("field %s: kind %s not covered by this test", v.Type().Field(i).Name, f.Kind())
 		}

@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,6 +44,7 @@ func newRunCmd(a *app) *cobra.Command {
 		topics       []string
 		maxTopics    int
 		maxRate      float64
+		topicRate    map[string]string
 		otlpEndpoint string
 		statsEach    time.Duration
 		mTopics      int
@@ -92,6 +95,9 @@ back (up to --drain) and exits 0.`,
 			}
 			relayCfg := outbox.RelayConfig{BatchSize: batch, Workers: workers, Lookahead: ahead, Pace: pace,
 				PublishTimeout: pubWait, MaxBatchBytes: maxBytes, Topics: topics, MaxTopics: maxTopics, MaxRate: maxRate, Logger: a.log}
+			if relayCfg.TopicRates, err = topicRates(topicRate); err != nil {
+				return err
+			}
 			if err := relayCfg.Check(broker.Limits{}); err != nil {
 				return fmt.Errorf("relay settings (--lookahead, --relay-*, --publish-timeout): %w", err)
 			}
@@ -213,8 +219,28 @@ back (up to --drain) and exits 0.`,
 	f.StringSliceVar(&topics, "relay-topics", nil, "the only topics relayed (default: any); others go dead")
 	f.IntVar(&maxTopics, "relay-max-topics", outbox.DefaultMaxTopics, "most topics relayed; more go dead (-1 = any)")
 	f.Float64Var(&maxRate, "relay-max-rate", 0, "most rows relayed a second, the bound of a backlog's drain (0 = none)")
+	f.StringToStringVar(&topicRate, "relay-topic-rate", nil, "most rows of a topic relayed a second, as topic=rate (repeatable)")
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP/HTTP collector that receives traces, such as http://localhost:4318")
 	return cmd
+}
+
+// topicRates reads --relay-topic-rate's topic=rate pairs.
+func topicRates(in map[string]string) (map[string]float64, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]float64, len(in))
+	for t, v := range in {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("--relay-topic-rate %s=%s: want a rate above 0, rows a second", t, v)
+		}
+		if err := broker.ValidateTopic(t); err != nil {
+			return nil, fmt.Errorf("--relay-topic-rate %s=%s: %w", t, v, err)
+		}
+		out[t] = f
+	}
+	return out, nil
 }
 
 // defaultRunHTTP is run's --http: loopback only.

@@ -458,6 +458,9 @@ func TestBench_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		want string
 	}{
 		{[]string{"--relay-workers", "-1"}, "--relay-workers -1: need 0"},
+		{[]string{"--relay-topic-rate", "order-cancel=0"}, "--relay-topic-rate order-cancel=0: want a rate above 0"},
+		{[]string{"--relay-topic-rate", "order-cancel=fast"}, "--relay-topic-rate order-cancel=fast: want a rate above 0"},
+		{[]string{"--relay-topic-rate", "a b=5"}, "--relay-topic-rate a b=5"},
 		{[]string{"--cleaner-duty", "0"}, "--cleaner-duty 0"},
 		{[]string{"--metrics-topics", "0"}, "--metrics-topics 0"},
 		{[]string{"--lookahead", "-1s"}, "--lookahead must not be negative"},

@@ -55,7 +55,9 @@ func (r *Relay) first(ctx context.Context, ahead time.Duration) (*store.Position
 	if r.cfg.Lookahead > 0 {
 		limit = now.Add(ahead).UnixMilli()
 	}
-	return store.First(ctx, r.db, store.ClaimSpec{State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1})
+	// The limited topics have loops of their own (topicLoop).
+	return store.First(ctx, r.db, store.ClaimSpec{State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
+		ExcludeTopics: r.limited})
 }
 
 // handling reports whether consumers have work due now: a published task

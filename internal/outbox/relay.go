@@ -109,6 +109,11 @@ type RelayConfig struct {
 	// drains (after a broker outage, say), so the drain never takes the
 	// database from the order service: the rest waits in the table.
 	MaxRate float64
+	// TopicRates bounds, by topic, how many of its rows a second the relay
+	// publishes: a topic's backlog drains at its rate while the others go
+	// out as usual. The rest wait in the table. Each relay process counts
+	// on its own. Rows of these topics count against MaxRate too.
+	TopicRates map[string]float64
 	// Hooks are metric callbacks; any may be nil.
 	Hooks RelayHooks
 	// Logger receives the relay's logs. Default slog.Default().
@@ -245,6 +250,11 @@ type Relay struct {
 	topics topicGate
 	// rate bounds the rows claimed a second (MaxRate); nil: no bound.
 	rate *rate.Limiter
+	// limited are the topics of TopicRates, sorted: the claim loops leave
+	// them out, and each has a loop of its own (topicLoop).
+	limited []string
+	// topicWake has a channel per topic of limited: a Nudge wakes its loop.
+	topicWake []chan struct{}
 }
 
 // topicGate decides which topics a relay publishes: those of its
@@ -331,6 +341,13 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 		// smooth rather than a full batch and then a long wait.
 		r.rate = rate.NewLimiter(rate.Limit(cfg.MaxRate), max(1, int(cfg.MaxRate/10)))
 	}
+	for t := range cfg.TopicRates {
+		r.limited = append(r.limited, t)
+	}
+	slices.Sort(r.limited)
+	for range r.limited {
+		r.topicWake = append(r.topicWake, make(chan struct{}, 1))
+	}
 	if len(cfg.Topics) > 0 {
 		r.topics.allowed = map[string]bool{}
 		for _, t := range cfg.Topics {
@@ -393,6 +410,14 @@ func (c RelayConfig) resolve(limits broker.Limits) (RelayConfig, error) {
 			return cfg, fmt.Errorf("outbox: NewRelay: Topics: %w", err)
 		}
 	}
+	for t, v := range cfg.TopicRates {
+		if err := broker.ValidateTopic(t); err != nil {
+			return cfg, fmt.Errorf("outbox: NewRelay: TopicRates: %w", err)
+		}
+		if !(v > 0) || math.IsInf(v, 0) {
+			return cfg, fmt.Errorf("outbox: NewRelay: TopicRates[%s] %v: want rows a second, more than 0", t, v)
+		}
+	}
 	return cfg, nil
 }
 
@@ -442,6 +467,12 @@ func (r *Relay) Nudge() {
 	r.resume.stale.Store(true)
 	r.busy.Store(true)
 	r.wake(false)
+	for _, w := range r.topicWake {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // wake wakes an idle claim loop; urgent says a row is due within urgent().
@@ -469,6 +500,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			r.probe(ctx)
+		}()
+	}
+	for i, t := range r.limited {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.topicLoop(ctx, t, r.topicWake[i])
 		}()
 	}
 	wg.Wait()
@@ -590,7 +628,13 @@ func (r *Relay) Once(ctx context.Context) (int, error) { return r.once(ctx, fals
 // once is Once; a claim loop's (loop true) may resume where the loops'
 // last full batch ended (see resumePoint).
 func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
-	batchSize := r.batchSize()
+	return r.onceFor(ctx, loop, "", r.batchSize())
+}
+
+// onceFor is once for the rows of topic only, up to batchSize of them,
+// when topic is set (topicLoop); for every topic but the limited ones
+// otherwise.
+func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize int) (int, error) {
 	if r.rate != nil {
 		// The claim takes no more rows than the bound allows now; the
 		// wait comes before the claim, so no lease is held meanwhile.
@@ -607,6 +651,10 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	spec := store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
 		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
+		Topic: topic,
+	}
+	if topic == "" {
+		spec.ExcludeTopics = r.limited
 	}
 	var batch []store.Claimed
 	var err error
@@ -615,9 +663,12 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	// and the broker's confirm overlap instead of adding up. Every outcome
 	// is recorded after it, and nothing when the lease never committed.
 	committed := func() error { return nil }
-	if loop {
+	switch {
+	case topic != "":
+		batch, committed, err = store.ClaimLeasedEarly(ctx, r.db, spec)
+	case loop:
 		batch, committed, err = r.claimNext(ctx, spec)
-	} else {
+	default:
 		batch, err = store.ClaimLeased(ctx, r.db, spec)
 	}
 	if err == nil && len(batch) == 0 {
@@ -633,8 +684,11 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 		return 0, nil
 	}
 	r.busy.Store(true)
-	// Rows come oldest due first.
-	r.ahead.Store(r.cfg.Pace > 0 && batch[0].Message.DeliverAt.Sub(now) > r.leisure())
+	if topic == "" {
+		// Rows come oldest due first. A limited topic's loop paces
+		// itself and says nothing of the other rows.
+		r.ahead.Store(r.cfg.Pace > 0 && batch[0].Message.DeliverAt.Sub(now) > r.leisure())
+	}
 
 	// A row no broker would carry (written by hand or by another program:
 	// a due time of 0, a key too long, a payload no consumer takes) or of
@@ -732,6 +786,38 @@ func (r *Relay) once(ctx context.Context, loop bool) (int, error) {
 	return claimed, deadErr
 }
 
+// topicLoop publishes the rows of topic, one of TopicRates, at its rate
+// until ctx is done: a tenth of a second's worth a claim, each after the
+// limiter let it through. With nothing more to claim it waits for a Nudge
+// on wake or IdleMax. The claim loops leave the topic out.
+func (r *Relay) topicLoop(ctx context.Context, topic string, wake <-chan struct{}) {
+	perSecond := r.cfg.TopicRates[topic]
+	lim := rate.NewLimiter(rate.Limit(perSecond), max(1, min(r.cfg.BatchSize, int(perSecond/10))))
+	for ctx.Err() == nil {
+		n := lim.Burst()
+		if err := lim.WaitN(ctx, n); err != nil {
+			return
+		}
+		got, err := r.onceFor(ctx, false, topic, n)
+		wait := r.cfg.IdleMax
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.cfg.Logger.Warn("delaybridge relay: claim failed", "topic", topic, "err", err, "retry_in", wait)
+		case got == n:
+			continue // more may be due: the limiter paces the next claim
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
 // claimNext runs a claim loop's claim, one loop at a time: from the
 // resume point while the loops drain a backlog, from the head of the index
 // when a row may have become claimable before it, or a rescan is due.
@@ -779,7 +865,7 @@ func (r *Relay) othersTurn(ctx context.Context, spec store.ClaimSpec, now time.T
 		return nil, nil, false, nil
 	}
 	p.othersAt = now
-	spec.ExcludeTopics = p.draining
+	spec.ExcludeTopics = append(slices.Clip(spec.ExcludeTopics), p.draining...)
 	first, err := store.First(ctx, r.db, spec)
 	if err != nil || first == nil {
 		return nil, nil, false, err

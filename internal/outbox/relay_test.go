@@ -998,3 +998,76 @@ func TestRelay_MaxRateBoundsTheDrain(t *testing.T) {
 		t.Fatalf("the relay went past %v rows a second: %v", perSecond, over)
 	}
 }
+
+// TopicRates bounds one topic's drain and leaves the others alone: the
+// limited topic goes out at its rate while the other's backlog is
+// published at once.
+func TestRelay_TopicRatesBoundOneTopicAndNotTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	const rows, perSecond = 300, 200.0
+	var tasks []outbox.Task
+	for i := range rows {
+		due := time.Now().Add(-time.Minute)
+		tasks = append(tasks, outbox.Task{Topic: "limited", Key: fmt.Sprint(i), DueAt: due}, outbox.Task{Topic: "free", Key: fmt.Sprint(i), DueAt: due})
+	}
+	if err := outbox.ScheduleMany(b.ctx, b.db, tasks); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []map[string]float64{{"limited": 0}, {"limited": -1}, {"limited": math.NaN()}, {"limited": math.Inf(1)}, {"no spaces": 5}} {
+		if _, err := outbox.NewRelay(b.db, mem, outbox.RelayConfig{TopicRates: bad}); err == nil {
+			t.Errorf("TopicRates %v accepted", bad)
+		}
+	}
+	pub := &topicClock{Publisher: mem, start: time.Now(), sent: map[string][]time.Duration{}}
+	r := newRelay(t, b, pub, outbox.RelayConfig{Workers: 2, TopicRates: map[string]float64{"limited": perSecond}})
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	ok := testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool { return b.count(t, "state = 'published'") == 2*rows })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("%d of %d rows published after 30 s", b.count(t, "state = 'published'"), 2*rows)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	for i, at := range pub.sent["limited"] {
+		// A tenth of a second's worth at once, then the rate.
+		if allowed := perSecond/10 + perSecond*at.Seconds(); float64(i+1) > allowed+1 {
+			t.Fatalf("limited: the %dth row went out %v after the start: past %v a second", i+1, at, perSecond)
+		}
+	}
+	free := pub.sent["free"]
+	limited := pub.sent["limited"]
+	// 300 limited rows take 1.4 s at least; the free ones all went out
+	// before half of them.
+	if len(free) != rows || len(limited) != rows {
+		t.Fatalf("published free %d, limited %d, want %d each once", len(free), len(limited), rows)
+	}
+	if free[rows-1] > limited[rows/2] {
+		t.Fatalf("the last free row went out %v after the start, the middle limited one at %v: the free topic waited for the limited one",
+			free[rows-1], limited[rows/2])
+	}
+}
+
+// topicClock records when each topic's messages were handed to the broker.
+type topicClock struct {
+	broker.Publisher
+	start time.Time
+	mu    sync.Mutex
+	sent  map[string][]time.Duration
+}
+
+func (p *topicClock) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	p.mu.Lock()
+	for _, m := range msgs {
+		p.sent[m.Topic] = append(p.sent[m.Topic], time.Since(p.start))
+	}
+	p.mu.Unlock()
+	return p.Publisher.Publish(ctx, msgs...)
+}

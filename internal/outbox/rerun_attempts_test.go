@@ -76,11 +76,13 @@ func TestNewConsumer_AnAloneTopicRunsOncePerMessageWhenAGroupNeighbourFails(t *t
 	}
 	poison := b.order(t, "poison", now)
 	gate := &broker.Message{TaskID: b.schedule(t, outbox.Task{Topic: "gate", Key: "g", DueAt: now}), Topic: "gate", Key: "g", DeliverAt: broker.MillisUTC(now)}
+	// A consumer of several topics has a spare worker too: gate2 keeps it.
+	gate2 := &broker.Message{TaskID: b.schedule(t, outbox.Task{Topic: "gate2", Key: "g", DueAt: now}), Topic: "gate2", Key: "g", DeliverAt: broker.MillisUTC(now)}
 
 	var mu sync.Mutex
 	calls := map[string]int{}
 	reruns := map[string]int{}
-	entered, release := make(chan struct{}), make(chan struct{})
+	entered, entered2, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	fn := func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
 		mu.Lock()
 		calls[m.Topic+"/"+m.Key]++
@@ -91,6 +93,9 @@ func TestNewConsumer_AnAloneTopicRunsOncePerMessageWhenAGroupNeighbourFails(t *t
 		switch {
 		case m.Topic == "gate":
 			close(entered)
+			<-release
+		case m.Topic == "gate2":
+			close(entered2)
 			<-release
 		case m.Key == "poison":
 			return errors.New("poison pill")
@@ -106,17 +111,22 @@ func TestNewConsumer_AnAloneTopicRunsOncePerMessageWhenAGroupNeighbourFails(t *t
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Start(b.ctx, "gate", "reminder", "order-cancel"); err != nil {
+	if err := c.Start(b.ctx, "gate", "gate2", "reminder", "order-cancel"); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background()) //nolint:errcheck
-	// The one worker waits in the gate's handler while the burst queues
-	// up behind it, so it finds the burst waiting at once: a group, the
-	// poison last, behind every other message.
+	// The one worker waits in the gate's handler, and the spare in
+	// gate2's, while the burst queues up behind them, so they find the
+	// burst waiting at once: a group, the poison last, behind every other
+	// message.
 	if err := mem.Publish(b.ctx, gate); err != nil {
 		t.Fatal(err)
 	}
 	<-entered
+	if err := mem.Publish(b.ctx, gate2); err != nil {
+		t.Fatal(err)
+	}
+	<-entered2
 	queued := func() {
 		t.Helper()
 		if !testutil.Eventually(5*time.Second, 5*time.Millisecond, func() bool { return mem.Ready("reminder")+mem.Ready("order-cancel") == 0 }) {
@@ -134,9 +144,9 @@ func TestNewConsumer_AnAloneTopicRunsOncePerMessageWhenAGroupNeighbourFails(t *t
 	queued()
 	close(release)
 	if !testutil.Eventually(30*time.Second, 20*time.Millisecond, func() bool {
-		return b.count(t, "state = 'done'") == len(reminders)+len(orders)+1 && b.count(t, "state = 'dead'") == 1
+		return b.count(t, "state = 'done'") == len(reminders)+len(orders)+2 && b.count(t, "state = 'dead'") == 1
 	}) {
-		t.Fatalf("%d tasks done, %d dead; want %d and 1", b.count(t, "state = 'done'"), b.count(t, "state = 'dead'"), len(reminders)+len(orders)+1)
+		t.Fatalf("%d tasks done, %d dead; want %d and 1", b.count(t, "state = 'done'"), b.count(t, "state = 'dead'"), len(reminders)+len(orders)+2)
 	}
 	mu.Lock()
 	defer mu.Unlock()

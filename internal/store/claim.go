@@ -65,6 +65,10 @@ type ClaimSpec struct {
 	// hold on topics whose last rescue is still unhandled. Each is a
 	// topic broker.ValidateTopic accepts (FirstQuery refuses others).
 	ExcludeTopics []string
+	// Topic, when set, takes only the rows of this topic, one
+	// broker.ValidateTopic accepts: a relay's claim for a topic it
+	// publishes at a bounded rate.
+	Topic string
 }
 
 // Position is a row's place in the (state, due_ms, id) index.
@@ -225,6 +229,10 @@ func ClaimQuery(spec ClaimSpec) (string, []any) {
 			args = append(args, t)
 		}
 	}
+	if spec.Topic != "" {
+		after += " AND topic = ?"
+		args = append(args, spec.Topic)
+	}
 	return `SELECT id, topic, task_key, due_ms, payload, headers, trace, generation, attempts
 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
 WHERE state = ? AND due_ms <= ? AND next_attempt_ms <= ? AND published_ms <= ?` + after + `
@@ -272,6 +280,12 @@ func FirstQuery(spec ClaimSpec) (string, error) {
 			quoted[i] = "'" + t + "'"
 		}
 		exclude = " AND topic NOT IN (" + strings.Join(quoted, ",") + ")"
+	}
+	if spec.Topic != "" {
+		if err := broker.ValidateTopic(spec.Topic); err != nil {
+			return "", fmt.Errorf("outbox: first claimable: %w", err)
+		}
+		exclude += " AND topic = '" + spec.Topic + "'"
 	}
 	return "SELECT due_ms, id FROM delay_task FORCE INDEX (ix_delay_task_state_due) WHERE state = '" + spec.State +
 		"' AND due_ms <= " + n(spec.DueAtMost) + " AND next_attempt_ms <= " + n(spec.ReadyAtMost) +
