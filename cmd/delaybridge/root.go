@@ -111,7 +111,7 @@ one line; docs/flags.md says what the line leaves out.`,
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	registerSecretFiles(pf)
 
-	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newDoctorCmd(a), newConsoleCmd(a))
+	root.AddCommand(newMigrateCmd(a), newStatusCmd(a), newTaskCmd(a), newDeadCmd(a), newRunCmd(a), newDemoCmd(a), newBenchCmd(a), newSoakCmd(a), newDoctorCmd(a), newConsoleCmd(a))
 	// Added now rather than by Execute, so requireSubcommand sees it too.
 	root.InitDefaultCompletionCmd()
 	requireSubcommand(root)

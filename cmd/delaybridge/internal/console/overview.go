@@ -86,7 +86,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	if !c.sharded() {
 		ctx, cancel := context.WithTimeout(r.Context(), overviewTimeout)
 		defer cancel()
-		d, err := c.overviewData(ctx, c.shards[0].db, now)
+		d, err := readOverview(ctx, c.shards[0].db, now, c.grace)
 		if err != nil {
 			c.fail(w, r, http.StatusInternalServerError, err)
 			return
@@ -103,7 +103,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), overviewTimeout)
 			defer cancel()
 			so := shardOverview{Name: sh.name, ID: "shard-" + sh.name + "-"}
-			d, err := c.overviewData(ctx, sh.db, now)
+			d, err := readOverview(ctx, sh.db, now, c.grace)
 			if err != nil {
 				so.Err = sh.describe(err)
 				c.logFor(sh).Warn("console: a shard could not be read for the overview", "who", who(r), "err", so.Err)
@@ -159,13 +159,22 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 	return t
 }
 
-func (c *console) overviewData(ctx context.Context, db outbox.Querier, now time.Time) (*overviewData, error) {
-	st, err := ops.ReadStats(ctx, db, now, c.grace, time.Hour)
+// TimeOverview reads what the console's overview shows of db, as a request
+// for it would, and returns how long that took: soak times it at the peak.
+func TimeOverview(ctx context.Context, db outbox.Querier, grace time.Duration) (time.Duration, error) {
+	start := time.Now()
+	_, err := readOverview(ctx, db, start, grace)
+	return time.Since(start), err
+}
+
+// readOverview reads the overview of one database.
+func readOverview(ctx context.Context, db outbox.Querier, now time.Time, grace time.Duration) (*overviewData, error) {
+	st, err := ops.ReadStats(ctx, db, now, grace, time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	d := &overviewData{Now: now, Stats: st, Grace: c.grace, HasCounts: !st.CountsAt.IsZero()}
-	if d.Signals, err = cli.Signals(ctx, db, st, now, c.grace); err != nil {
+	d := &overviewData{Now: now, Stats: st, Grace: grace, HasCounts: !st.CountsAt.IsZero()}
+	if d.Signals, err = cli.Signals(ctx, db, st, now, grace); err != nil {
 		return nil, err
 	}
 	topics := map[string]*backlogRow{}
