@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -13,8 +14,16 @@ import (
 	"github.com/delaybridge/delaybridge/internal/percentile"
 )
 
-// Topic is where order cancellations travel.
-const Topic = "order-cancel"
+// The default topics: an order's cancellation, and the refund of a
+// payment that came too late.
+const (
+	Topic       = "order-cancel"
+	RefundTopic = "order-refund"
+)
+
+// DefaultRecheck is how long the timeout waits by default before asking
+// the channel again about a pending payment.
+const DefaultRecheck = 500 * time.Millisecond
 
 // ErrOutOfStock means an order asked for more than is available.
 var ErrOutOfStock = errors.New("ordertimeout: out of stock")
@@ -27,33 +36,46 @@ type Service struct {
 	Timeout time.Duration
 	// Topic is the cancellation topic. Default Topic.
 	Topic string
-	// Nudge, when set, is called after an order commits (Relay.Nudge).
+	// RefundTopic is the topic of refunds. Default RefundTopic.
+	RefundTopic string
+	// Channel is the payment channel the timeout asks before it cancels.
+	// StartPayment needs one; nil means no payment is ever pending.
+	Channel *Channel
+	// Recheck is how long the timeout waits for a pending payment before
+	// asking again. Default DefaultRecheck.
+	Recheck time.Duration
+	// Nudge, when set, is called after a task commits (Relay.Nudge).
 	Nudge func()
 }
 
-func (s *Service) topic() string {
-	if s.Topic == "" {
-		return Topic
+func (s *Service) topic() string       { return cmp.Or(s.Topic, Topic) }
+func (s *Service) refundTopic() string { return cmp.Or(s.RefundTopic, RefundTopic) }
+
+// nudge wakes the relay for a task just committed.
+func (s *Service) nudge() {
+	if s.Nudge != nil {
+		s.Nudge()
 	}
-	return s.Topic
 }
 
 // Setup creates the tables if needed and stocks each sku with n units,
-// replacing earlier demo data.
+// replacing earlier demo data and tasks.
 func (s *Service) Setup(ctx context.Context, skus []string, n int) error {
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS demo_inventory (sku VARCHAR(64) NOT NULL PRIMARY KEY, available INT NOT NULL, initial INT NOT NULL) ENGINE = InnoDB`,
 		`CREATE TABLE IF NOT EXISTS demo_orders (id VARCHAR(64) NOT NULL PRIMARY KEY, sku VARCHAR(64) NOT NULL, qty INT NOT NULL,
   status VARCHAR(16) NOT NULL, expire_ms BIGINT NOT NULL, paid_ms BIGINT NULL, cancelled_ms BIGINT NULL, cancelled_by VARCHAR(16) NULL,
   KEY ix_demo_orders_status_expire (status, expire_ms)) ENGINE = InnoDB`,
+		`CREATE TABLE IF NOT EXISTS demo_refunds (id VARCHAR(64) NOT NULL PRIMARY KEY, refunded_ms BIGINT NOT NULL) ENGINE = InnoDB`,
 		`DELETE FROM demo_orders`,
 		`DELETE FROM demo_inventory`,
+		`DELETE FROM demo_refunds`,
 	} {
 		if _, err := s.DB.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("ordertimeout: setup: %w", err)
 		}
 	}
-	if _, err := s.DB.ExecContext(ctx, "DELETE FROM delay_task WHERE topic = ?", s.topic()); err != nil {
+	if _, err := s.DB.ExecContext(ctx, "DELETE FROM delay_task WHERE topic IN (?, ?)", s.topic(), s.refundTopic()); err != nil {
 		return fmt.Errorf("ordertimeout: setup: %w", err)
 	}
 	for _, sku := range skus {
@@ -91,20 +113,17 @@ func (s *Service) CreateOrder(ctx context.Context, id, sku string, qty int) erro
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	if s.Nudge != nil {
-		s.Nudge()
-	}
+	s.nudge()
 	return nil
 }
 
-// Pay marks an unpaid order paid and cancels its timeout task, in one
-// transaction. It takes the task's lock before the order's, the order Handle
-// takes them in, so pay and timeout never deadlock. It reports false when
-// the timeout won the race (the order is already cancelled) or the cancel
-// time has passed: the lazy check shows such an order EXPIRED already, so a
-// payment must not revive it, even before the cancellation ran
-// (outbox.Cancel alone lets a payment win until the handler commits).
-func (s *Service) Pay(ctx context.Context, id string) (bool, error) {
+// StartPayment is the customer paying through the channel: the order shows
+// PAYING until the channel's callback, Pay. It reports false for an order
+// no longer UNPAID or past its cancel time.
+func (s *Service) StartPayment(ctx context.Context, id string) (bool, error) {
+	if s.Channel == nil {
+		return false, errors.New("orders: StartPayment needs a Channel")
+	}
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
@@ -113,12 +132,56 @@ func (s *Service) Pay(ctx context.Context, id string) (bool, error) {
 	if late, err := outbox.Overdue(ctx, tx, s.topic(), id); err != nil || late {
 		return false, err
 	}
+	res, err := tx.ExecContext(ctx, "UPDATE demo_orders SET status = 'PAYING' WHERE id = ? AND status = 'UNPAID'", id)
+	if err != nil {
+		return false, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return false, nil
+	}
+	// Before the commit: a timeout that reads PAYING must find it pending.
+	s.Channel.Start(id)
+	return true, tx.Commit()
+}
+
+// Pay is the channel's callback: order id's payment was captured. It marks
+// the order paid and cancels its timeout task in one transaction, taking
+// the task's lock before the order's, as the timeout does, so the two never
+// deadlock. It reports false when the payment came too late: the timeout
+// ran first, or an UNPAID order is past its cancel time (reads show it
+// EXPIRED already, so a payment must not revive it). The money of a refused
+// payment goes back through a refund task keyed by the order, so a second
+// callback refunds nothing more.
+func (s *Service) Pay(ctx context.Context, id string) (bool, error) {
+	paid, err := s.pay(ctx, id)
+	if err != nil || paid {
+		return paid, err
+	}
+	return false, s.refund(ctx, id)
+}
+
+func (s *Service) pay(ctx context.Context, id string) (bool, error) {
+	tx, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	var status string
+	if err := tx.QueryRowContext(ctx, "SELECT status FROM demo_orders WHERE id = ?", id).Scan(&status); err != nil {
+		return false, fmt.Errorf("orders: pay %s: %w", id, err)
+	}
+	// A PAYING order started in time: its timeout waits for this callback.
+	if status == "UNPAID" {
+		if late, err := outbox.Overdue(ctx, tx, s.topic(), id); err != nil || late {
+			return false, err
+		}
+	}
 	if err := outbox.Cancel(ctx, tx, s.topic(), id); errors.Is(err, outbox.ErrFinished) {
 		return false, nil
 	} else if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, "UPDATE demo_orders SET status = 'PAID', paid_ms = ? WHERE id = ? AND status = 'UNPAID'", time.Now().UnixMilli(), id)
+	res, err := tx.ExecContext(ctx, "UPDATE demo_orders SET status = 'PAID', paid_ms = ? WHERE id = ? AND status IN ('UNPAID', 'PAYING')", time.Now().UnixMilli(), id)
 	if err != nil {
 		return false, err
 	}
@@ -128,32 +191,68 @@ func (s *Service) Pay(ctx context.Context, id string) (bool, error) {
 	return true, tx.Commit()
 }
 
-// cancel cancels an unpaid order and releases its stock inside tx. It is a
-// no-op for an order that is paid or already cancelled.
-func cancel(ctx context.Context, tx *sql.Tx, id, by string) error {
-	var sku string
-	var qty int
-	err := tx.QueryRowContext(ctx, "SELECT sku, qty FROM demo_orders WHERE id = ? AND status = 'UNPAID' FOR UPDATE", id).Scan(&sku, &qty)
-	if errors.Is(err, sql.ErrNoRows) {
+// refund schedules the refund of order id's payment, due at once.
+func (s *Service) refund(ctx context.Context, id string) error {
+	_, err := outbox.Schedule(ctx, s.DB, outbox.Task{Topic: s.refundTopic(), Key: id, DueAt: time.Now()})
+	if errors.Is(err, outbox.ErrDuplicate) {
 		return nil
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("orders: refund %s: %w", id, err)
+	}
+	s.nudge()
+	return nil
+}
+
+// RefundTask is the refund's business function: it gives the money back
+// (here it records the refund) in the transaction that marks its task done,
+// so each refund happens once.
+func (s *Service) RefundTask(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO demo_refunds (id, refunded_ms) VALUES (?, ?)", m.Key, time.Now().UnixMilli())
+	return err
+}
+
+// cancel cancels order id and releases its stock inside tx. It leaves a
+// paid or cancelled order as it is, and one whose payment is pending at
+// the channel, which it reports.
+func (s *Service) cancel(ctx context.Context, tx *sql.Tx, id, by string) (pending bool, err error) {
+	var sku, status string
+	var qty int
+	err = tx.QueryRowContext(ctx, "SELECT sku, qty, status FROM demo_orders WHERE id = ? AND status IN ('UNPAID', 'PAYING') FOR UPDATE", id).Scan(&sku, &qty, &status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if status == "PAYING" && s.Channel.Pending(id) {
+		return true, nil
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE demo_orders SET status = 'CANCELLED', cancelled_ms = ?, cancelled_by = ? WHERE id = ?",
 		time.Now().UnixMilli(), by, id); err != nil {
-		return err
+		return false, err
 	}
 	_, err = tx.ExecContext(ctx, "UPDATE demo_inventory SET available = available + ? WHERE sku = ?", qty, sku)
+	return false, err
+}
+
+// expire is the timeout of order id, run by a delivery or a read (by): it
+// cancels the order, or snoozes while its payment is pending.
+func (s *Service) expire(ctx context.Context, tx *sql.Tx, id, by string) error {
+	pending, err := s.cancel(ctx, tx, id, by)
+	if err == nil && pending {
+		return outbox.Snooze(cmp.Or(s.Recheck, DefaultRecheck), "payment pending at the channel")
+	}
 	return err
 }
 
 // CancelTask is the timeout's business function, in the transaction that
-// marks its task done: it cancels the order and releases its stock if the
-// order is still unpaid. Run it through outbox.NewConsumer (or
-// CancelHandler) so it happens exactly once and never for a paid order.
+// marks its task done: it cancels the order and releases its stock unless
+// the order is paid, and snoozes while a payment is pending at the
+// channel. Run it through outbox.NewConsumer (or CancelHandler) so it
+// happens exactly once and never for a paid order.
 func (s *Service) CancelTask(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
-	return cancel(ctx, tx, m.Key, "timeout")
+	return s.expire(ctx, tx, m.Key, "timeout")
 }
 
 // CancelHandler is CancelTask through outbox.Handle, one message at a time.
@@ -184,7 +283,8 @@ func (s *Service) UnpaidPastDue(grace time.Duration) func(ctx context.Context, d
 }
 
 // CancelIfUnpaid is the scanner's business handler: it cancels the order
-// and its task in one transaction when the order is still unpaid.
+// and its task in one transaction when the order is still unpaid and no
+// payment of it is pending.
 func (s *Service) CancelIfUnpaid(ctx context.Context, id string) error {
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
@@ -194,7 +294,8 @@ func (s *Service) CancelIfUnpaid(ctx context.Context, id string) error {
 	if err := outbox.Cancel(ctx, tx, s.topic(), id); err != nil && !errors.Is(err, outbox.ErrNotFound) && !errors.Is(err, outbox.ErrFinished) {
 		return err
 	}
-	if err := cancel(ctx, tx, id, "scanner"); err != nil {
+	// A payment pending at the channel keeps its order and its task.
+	if pending, err := s.cancel(ctx, tx, id, "scanner"); err != nil || pending {
 		return err
 	}
 	return tx.Commit()
@@ -208,14 +309,18 @@ type Report struct {
 	WronglyCancelled int            `json:"wrongly_cancelled"`
 	LeftUnpaid       int            `json:"left_unpaid"`
 	Early            int            `json:"early"`
+	Refunds          int            `json:"refunds"`       // refunds made
+	RefundedPaid     int            `json:"refunded_paid"` // refunds of an order not cancelled
+	Snoozed          int            `json:"snoozed"`       // timeout tasks that waited for a pending payment
 	StockOK          bool           `json:"stock_ok"`
 	Lateness         ops.Lateness   `json:"lateness_ms"`
 	CancelledBy      map[string]int `json:"cancelled_by"`
 }
 
 // Check reads the orders and proves the invariants: no order both paid and
-// cancelled, none unpaid more than slack past its expiry, and stock equal to
-// the initial stock less what live orders hold.
+// cancelled, none unpaid more than slack past its expiry, no refund of an
+// order that was not cancelled, and stock equal to the initial stock less
+// what live orders hold.
 func (s *Service) Check(ctx context.Context, slack time.Duration) (*Report, error) {
 	r := &Report{CancelledBy: map[string]int{}}
 	q := func(dst *int, query string, args ...any) error {
@@ -236,7 +341,16 @@ func (s *Service) Check(ctx context.Context, slack time.Duration) (*Report, erro
 	if err := q(&r.LeftUnpaid, "SELECT COUNT(*) FROM demo_orders WHERE status = 'UNPAID' AND expire_ms < ?", time.Now().Add(-slack).UnixMilli()); err != nil {
 		return nil, err
 	}
-	if err := q(&r.Early, "SELECT COUNT(*) FROM demo_orders WHERE cancelled_ms < expire_ms AND cancelled_by = 'timeout'"); err != nil {
+	if err := q(&r.Early, "SELECT COUNT(*) FROM demo_orders WHERE cancelled_ms < expire_ms AND cancelled_by IN ('timeout', 'read')"); err != nil {
+		return nil, err
+	}
+	if err := q(&r.Refunds, "SELECT COUNT(*) FROM demo_refunds"); err != nil {
+		return nil, err
+	}
+	if err := q(&r.RefundedPaid, "SELECT COUNT(*) FROM demo_refunds f JOIN demo_orders o ON o.id = f.id WHERE o.status <> 'CANCELLED'"); err != nil {
+		return nil, err
+	}
+	if err := q(&r.Snoozed, "SELECT COUNT(*) FROM delay_task WHERE topic = ? AND snoozes > 0", s.topic()); err != nil {
 		return nil, err
 	}
 	var bad int
@@ -265,45 +379,61 @@ WHERE i.initial <> i.available + (SELECT COALESCE(SUM(o.qty), 0) FROM demo_order
 }
 
 // WaitSettled polls Check every poll until every order is paid or
-// cancelled, deadline passes or ctx ends, and returns the last report.
-func (s *Service) WaitSettled(ctx context.Context, deadline time.Time, poll time.Duration) (*Report, error) {
+// cancelled and at least refunds refunds are made, deadline passes or ctx
+// ends, and returns the last report.
+func (s *Service) WaitSettled(ctx context.Context, deadline time.Time, refunds int, poll time.Duration) (*Report, error) {
 	for {
 		r, err := s.Check(ctx, 0)
 		if err != nil {
 			return nil, err
 		}
-		if r.Paid+r.Cancelled == r.Orders || time.Now().After(deadline) || ctx.Err() != nil {
+		if (r.Paid+r.Cancelled == r.Orders && r.Refunds >= refunds) || time.Now().After(deadline) || ctx.Err() != nil {
 			return r, nil
 		}
 		time.Sleep(poll)
 	}
 }
 
-// Show is the read path, GET /orders/{id}: the order's status, except that
-// an UNPAID order whose cancel time has passed shows as EXPIRED while its
-// handler has not run yet (outbox.Overdue), so no reader ever sees a stale
-// UNPAID. Both reads share one read-only transaction, so they see one
-// snapshot: never the order from before the handler ran and the task from
-// after.
-func (s *Service) Show(ctx context.Context, id string) (string, error) {
-	tx, err := s.DB.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+// Show is the read path, GET /orders/{id}: the order's status, except
+// that an UNPAID order past its cancel time never shows as UNPAID. The
+// read runs the timeout itself (outbox.RunNow), so the order is cancelled
+// and its stock released at once, and the delivery that follows finds the
+// task done. Show reports whether this read cancelled the order. One it
+// could not cancel (its task is dead, say) shows EXPIRED.
+func (s *Service) Show(ctx context.Context, id string) (string, bool, error) {
+	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	var status string
 	if err := tx.QueryRowContext(ctx, "SELECT status FROM demo_orders WHERE id = ?", id).Scan(&status); err != nil {
-		return "", fmt.Errorf("orders: show %s: %w", id, err)
+		return "", false, fmt.Errorf("orders: show %s: %w", id, err)
 	}
 	if status != "UNPAID" {
-		return status, nil
+		return status, false, nil
 	}
 	overdue, err := outbox.Overdue(ctx, tx, s.topic(), id)
+	if err != nil || !overdue {
+		return status, false, err
+	}
+	ran, err := outbox.RunNow(ctx, tx, s.topic(), id, func(ctx context.Context, tx *sql.Tx, m *broker.Message) error {
+		return s.expire(ctx, tx, m.Key, "read")
+	})
 	if err != nil {
-		return "", err
+		return "", false, err // the rollback undoes the handler's writes
 	}
-	if overdue {
-		return "EXPIRED", nil
+	// A locking read: the plain one above saw the snapshot from before a
+	// delivery, a payment or RunNow changed the order.
+	if err := tx.QueryRowContext(ctx, "SELECT status FROM demo_orders WHERE id = ? FOR UPDATE", id).Scan(&status); err != nil {
+		return "", false, fmt.Errorf("orders: show %s: %w", id, err)
 	}
-	return status, nil
+	// RunNow's writes, a snooze included, commit with the read.
+	if err := tx.Commit(); err != nil {
+		return "", false, err
+	}
+	if status == "UNPAID" {
+		status = "EXPIRED"
+	}
+	return status, ran, nil
 }
