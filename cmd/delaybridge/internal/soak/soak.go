@@ -159,6 +159,9 @@ type soak struct {
 
 	created, paid, refused, cancelled, failed atomic.Int64
 
+	pmu sync.Mutex
+	due payments // the payments to make, soonest first
+
 	mu     sync.Mutex
 	minute *window // what the current report window saw
 	// early counts the cancellations handled before their task was due:
@@ -323,8 +326,7 @@ func (s *soak) run(ctx context.Context) error {
 			}
 		}()
 	}
-	var pmu sync.Mutex
-	due := &payments{}
+	due := &s.due
 	var reports []report
 	tick := time.NewTicker(o.every)
 	defer tick.Stop()
@@ -341,16 +343,16 @@ func (s *soak) run(ctx context.Context) error {
 			break
 		}
 		// Payments that are due go to the workers.
-		pmu.Lock()
+		s.pmu.Lock()
 		for due.Len() > 0 && !(*due)[0].at.After(now) {
 			p := heap.Pop(due).(payment)
-			pmu.Unlock()
+			s.pmu.Unlock()
 			if !s.submit(ctx, work, func() { s.pay(ctx, p) }) {
 				break
 			}
-			pmu.Lock()
+			s.pmu.Lock()
 		}
-		pmu.Unlock()
+		s.pmu.Unlock()
 		select {
 		case <-tick.C:
 			reports = append(reports, s.report(ctx, now, len(reports)))
@@ -365,12 +367,11 @@ func (s *soak) run(ctx context.Context) error {
 			plain := n%plainEvery == 0
 			n++
 			next = next.Add(every)
+			var pay *payment
 			if rand.Float64() < o.payRatio {
-				pmu.Lock()
-				heap.Push(due, payment{at: now.Add(s.payDelay()), key: key, plain: plain})
-				pmu.Unlock()
+				pay = &payment{at: now.Add(s.payDelay()), key: key, plain: plain}
 			}
-			s.submit(ctx, work, func() { s.create(ctx, key, now, plain) })
+			s.submit(ctx, work, func() { s.create(ctx, key, now, plain, pay) })
 			continue
 		}
 		wait := 5 * time.Millisecond
@@ -414,8 +415,10 @@ func (s *soak) payDelay() time.Duration {
 	return time.Duration(rand.Int64N(int64(o.timeout - o.lastWin)))
 }
 
-// create is the order transaction: the order and its cancel task.
-func (s *soak) create(ctx context.Context, key string, now time.Time, plain bool) {
+// create is the order transaction: the order and its cancel task. Once
+// it committed, pay (if not nil) is queued: no payment comes before its
+// order exists.
+func (s *soak) create(ctx context.Context, key string, now time.Time, plain bool, pay *payment) {
 	took, err := s.tx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO soak_orders (id, status, expire_ms) VALUES (?, 'UNPAID', ?)", key, now.Add(s.o.timeout).UnixMilli()); err != nil {
 			return err
@@ -429,6 +432,11 @@ func (s *soak) create(ctx context.Context, key string, now time.Time, plain bool
 	}
 	s.created.Add(1)
 	s.note(func(w *window) { w.created++; w.orderTx = append(w.orderTx, took) })
+	if pay != nil {
+		s.pmu.Lock()
+		heap.Push(&s.due, *pay)
+		s.pmu.Unlock()
+	}
 	if plain {
 		took, err := s.tx(ctx, func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "INSERT INTO soak_plain (id, status) VALUES (?, 'UNPAID')", key)
