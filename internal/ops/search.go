@@ -299,39 +299,29 @@ func LockByID(ctx context.Context, tx *sql.Tx, id int64) (topic, key string, err
 }
 
 // DueCounts counts pending and published tasks due in each of n equal
-// buckets of [from, from+span): a walk of the (state, due_ms) index over
-// that range, so it costs in proportion to the tasks due in it.
-func DueCounts(ctx context.Context, q outbox.Querier, from time.Time, span time.Duration, n int) ([]int, error) {
-	if n <= 0 || span <= 0 {
-		return nil, fmt.Errorf("outbox: due counts: %d buckets over %v", n, span)
+// buckets of [from, from+span), each state of a bucket up to capEach: a walk
+// of the (state, due_ms) index that stops there, so its cost is bounded
+// however many tasks wait (a sale's millions). capped reports that some
+// bucket reached the bound: its count is a floor.
+func DueCounts(ctx context.Context, q outbox.Querier, from time.Time, span time.Duration, n, capEach int) (counts []int, capped bool, err error) {
+	if n <= 0 || span <= 0 || capEach <= 0 {
+		return nil, false, fmt.Errorf("outbox: due counts: %d buckets over %v, up to %d each", n, span, capEach)
 	}
 	width := max(1, span.Milliseconds()/int64(n))
 	lo := from.UnixMilli()
-	out := make([]int, n)
-	for _, st := range []outbox.State{outbox.StatePending, outbox.StatePublished} {
-		rows, err := q.QueryContext(ctx, `SELECT (due_ms - ?) DIV ?, COUNT(*) FROM delay_task FORCE INDEX (ix_delay_task_state_due)
-WHERE state = ? AND due_ms >= ? AND due_ms < ? GROUP BY 1`, lo, width, string(st), lo, lo+width*int64(n))
-		if err != nil {
-			return nil, fmt.Errorf("outbox: due counts: %w", err)
-		}
-		for rows.Next() {
-			var b, c int
-			if err := rows.Scan(&b, &c); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("outbox: due counts: %w", err)
+	counts = make([]int, n)
+	for b := range n {
+		for _, st := range []outbox.State{outbox.StatePending, outbox.StatePublished} {
+			var c int
+			if err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM delay_task FORCE INDEX (ix_delay_task_state_due)
+WHERE state = ? AND due_ms >= ? AND due_ms < ? LIMIT ?) t`, string(st), lo+width*int64(b), lo+width*int64(b+1), capEach).Scan(&c); err != nil {
+				return nil, false, fmt.Errorf("outbox: due counts: %w", err)
 			}
-			if b >= 0 && b < n {
-				out[b] += c
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("outbox: due counts: %w", err)
-		}
-		if err := rows.Close(); err != nil {
-			return nil, fmt.Errorf("outbox: due counts: %w", err)
+			counts[b] += c
+			capped = capped || c == capEach
 		}
 	}
-	return out, nil
+	return counts, capped, nil
 }
 
 // LatenessSamplesPerBucket bounds the done tasks each LatenessSeries bucket

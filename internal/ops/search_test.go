@@ -225,12 +225,20 @@ func TestConsoleReads_CountDueLatenessAndRescues(t *testing.T) {
 			t.Fatalf("row %d: %v", i, err)
 		}
 	}
-	due, err := ops.DueCounts(b.ctx, b.db, now, time.Hour, 12)
+	due, capped, err := ops.DueCounts(b.ctx, b.db, now, time.Hour, 12, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []int{2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0}; !slices.Equal(due, want) {
-		t.Errorf("DueCounts = %v, want %v", due, want)
+	if want := []int{2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0}; !slices.Equal(due, want) || capped {
+		t.Errorf("DueCounts = %v, capped %v; want %v, not capped", due, capped, want)
+	}
+	// A bucket stops counting at the bound, and says so.
+	due, capped, err = ops.DueCounts(b.ctx, b.db, now, time.Hour, 12, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0}; !slices.Equal(due, want) || !capped {
+		t.Errorf("DueCounts up to 1 = %v, capped %v; want %v, capped", due, capped, want)
 	}
 	late, err := ops.LatenessSeries(b.ctx, b.db, now, time.Hour, 12)
 	if err != nil {

@@ -21,12 +21,14 @@ type backlogRow struct {
 }
 
 type overviewData struct {
-	Now       time.Time
-	Stats     *ops.Stats
-	Grace     time.Duration
-	Backlog   []backlogRow
-	Due       barChart
-	DueTotal  int
+	Now      time.Time
+	Stats    *ops.Stats
+	Grace    time.Duration
+	Backlog  []backlogRow
+	Due      barChart
+	DueTotal int
+	// DueCapped: a bucket of Due reached dueCap, so DueTotal is a floor.
+	DueCapped bool
 	Lateness  lineChart
 	LateRows  []latenessRow
 	RescDone  ops.RescueSample
@@ -46,6 +48,11 @@ type latenessRow struct {
 // buckets.
 const overviewBuckets = 12
 
+// dueCap bounds what the overview counts of a state due in one bucket: it
+// reads at most 2 × 12 × dueCap index entries, however many tasks wait, and
+// shows the total as "at least".
+const dueCap = 5000
+
 // shardOverview is one shard's part of the overview.
 type shardOverview struct {
 	// Name is the shard's name, "" on an unsharded console.
@@ -61,6 +68,7 @@ type shardOverview struct {
 // overviewTotals adds up the shards that answered.
 type overviewTotals struct {
 	Dead, Overdue, DueTotal, Done, Cancelled int
+	DueCapped                                bool
 	OldestPendingDue                         time.Time
 	OldestShard                              string
 	Backlog                                  []backlogRow
@@ -131,6 +139,7 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 		st := so.D.Stats
 		t.Overdue += st.Overdue
 		t.DueTotal += so.D.DueTotal
+		t.DueCapped = t.DueCapped || so.D.DueCapped
 		if !st.OldestPendingDue.IsZero() && (t.OldestPendingDue.IsZero() || st.OldestPendingDue.Before(t.OldestPendingDue)) {
 			t.OldestPendingDue, t.OldestShard = st.OldestPendingDue, so.Name
 		}
@@ -200,10 +209,11 @@ func readOverview(ctx context.Context, db outbox.Querier, now time.Time, grace t
 	}
 	slices.SortFunc(d.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
 
-	due, err := ops.DueCounts(ctx, db, now, time.Hour, overviewBuckets)
+	due, capped, err := ops.DueCounts(ctx, db, now, time.Hour, overviewBuckets, dueCap)
 	if err != nil {
 		return nil, err
 	}
+	d.DueCapped = capped
 	for _, n := range due {
 		d.DueTotal += n
 	}
