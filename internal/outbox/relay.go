@@ -337,9 +337,7 @@ func NewRelay(db *sql.DB, pub broker.Publisher, cfg RelayConfig) (*Relay, error)
 	r := &Relay{db: db, pub: pub, cfg: cfg, nudge: make(chan bool, cfg.Workers), serial: make(chan struct{}, 1)}
 	r.topics.max = cfg.MaxTopics
 	if cfg.MaxRate > 0 {
-		// A tenth of a second's worth a claim at most: the drain stays
-		// smooth rather than a full batch and then a long wait.
-		r.rate = rate.NewLimiter(rate.Limit(cfg.MaxRate), max(1, int(cfg.MaxRate/10)))
+		r.rate = tenthLimiter(cfg.MaxRate, cfg.BatchSize)
 	}
 	for t := range cfg.TopicRates {
 		r.limited = append(r.limited, t)
@@ -791,8 +789,7 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 // limiter let it through. With nothing more to claim it waits for a Nudge
 // on wake or IdleMax. The claim loops leave the topic out.
 func (r *Relay) topicLoop(ctx context.Context, topic string, wake <-chan struct{}) {
-	perSecond := r.cfg.TopicRates[topic]
-	lim := rate.NewLimiter(rate.Limit(perSecond), max(1, min(r.cfg.BatchSize, int(perSecond/10))))
+	lim := tenthLimiter(r.cfg.TopicRates[topic], r.cfg.BatchSize)
 	for ctx.Err() == nil {
 		n := lim.Burst()
 		if err := lim.WaitN(ctx, n); err != nil {
@@ -816,6 +813,13 @@ func (r *Relay) topicLoop(ctx context.Context, topic string, wake <-chan struct{
 		}
 		t.Stop()
 	}
+}
+
+// tenthLimiter lets perSecond rows a second through, a tenth of a
+// second's worth at a time and never more than a claim's batch: a drain
+// stays smooth rather than a full batch and then a long wait.
+func tenthLimiter(perSecond float64, batch int) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(perSecond), max(1, min(batch, int(perSecond/10))))
 }
 
 // claimNext runs a claim loop's claim, one loop at a time: from the

@@ -557,7 +557,7 @@ func (s *soak) waiting() int64 {
 
 // report is one window's line.
 type report struct {
-	Minute       int                `json:"window"`
+	Window       int                `json:"window"`
 	Created      int64              `json:"orders"`
 	Paid         int64              `json:"paid"`
 	Refused      int64              `json:"payments_refused"`
@@ -577,7 +577,6 @@ type procUsage struct {
 	Name   string  `json:"name"`
 	CPU    float64 `json:"cpu_cores"` // over the window
 	RSSMiB float64 `json:"rss_mib"`
-	cpuAt  float64
 }
 
 // report closes the current window and prints its line.
@@ -586,7 +585,7 @@ func (s *soak) report(ctx context.Context, now time.Time, i int) report {
 	w := s.minute
 	s.minute = &window{}
 	s.mu.Unlock()
-	r := report{Minute: i + 1, Created: w.created, Paid: w.paid, Refused: w.refused, Cancelled: w.cancelled, Waiting: s.waiting(),
+	r := report{Window: i + 1, Created: w.created, Paid: w.paid, Refused: w.refused, Cancelled: w.cancelled, Waiting: s.waiting(),
 		Lateness: percentile.Summarize(w.lateness), OrderTx: percentile.Summarize(w.orderTx), PlainOrderTx: percentile.Summarize(w.plainOrderTx),
 		PayTx: percentile.Summarize(w.payTx), PlainPayTx: percentile.Summarize(w.plainPayTx)}
 	var data, index sql.NullInt64
@@ -594,7 +593,7 @@ func (s *soak) report(ctx context.Context, now time.Time, i int) report {
 	r.TableMiB, r.IndexMiB = float64(data.Int64)/(1<<20), float64(index.Int64)/(1<<20)
 	r.Procs = s.procUsage(now)
 	fmt.Fprintf(s.env.Stderr, "%3d: orders %d, paid %d (refused %d), cancelled %d, waiting %d; lateness ms p50 %d p99 %d max %d; order tx p99 %.1f ms (%.1f without Schedule), payment p99 %.1f ms (%.1f without Cancel); delay_task %.0f+%.0f MiB;",
-		r.Minute, r.Created, r.Paid, r.Refused, r.Cancelled, r.Waiting, r.Lateness.P50, r.Lateness.P99, r.Lateness.Max,
+		r.Window, r.Created, r.Paid, r.Refused, r.Cancelled, r.Waiting, r.Lateness.P50, r.Lateness.P99, r.Lateness.Max,
 		float64(r.OrderTx.P99)/1000, float64(r.PlainOrderTx.P99)/1000, float64(r.PayTx.P99)/1000, float64(r.PlainPayTx.P99)/1000, r.TableMiB, r.IndexMiB)
 	for _, p := range r.Procs {
 		fmt.Fprintf(s.env.Stderr, " %s %.2f cores %.0f MiB;", p.Name, p.CPU, p.RSSMiB)
@@ -615,7 +614,7 @@ func (s *soak) procUsage(now time.Time) []procUsage {
 		if !ok {
 			continue
 		}
-		u := procUsage{Name: p.name, RSSMiB: rss, cpuAt: cpu}
+		u := procUsage{Name: p.name, RSSMiB: rss}
 		if prev, ok := s.lastUsage[p.pid]; ok && elapsed > 0 {
 			u.CPU = (cpu - prev) / elapsed
 		}
@@ -663,7 +662,9 @@ func (s *soak) summary(ctx context.Context, reports []report) error {
 			return err
 		}
 	}
-	res.Early += s.early.Load()
+	// The same cancellations seen two ways: by the handler, to the
+	// microsecond, and by the rows, to the millisecond.
+	res.Early = max(res.Early, s.early.Load())
 	res.Lost = res.UnpaidDue
 	fmt.Fprintf(s.env.Stdout, "soak: %d orders, %d paid (%d refused: the cancellation won), %d cancelled; lost %d, duplicate effects %d, early %d, paid yet cancelled %d, unpaid past due %d\n",
 		res.Orders, res.Paid, res.Refused, res.Cancelled, res.Lost, res.DupEffects, res.Early, res.PaidCancel, res.UnpaidDue)
