@@ -39,7 +39,11 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	f := newFlow(t)
 	cl := testenv.StartRocketCluster(t)
 	quietRocketMQ.Do(func() { rlog.SetLogLevel("error") })
-	cfg := rocket.Config{NameServers: []string{cl.NameServer}, GroupPrefix: "itc", Logger: quiet()}
+	// No lead: the relay publishes each task when it is ordered, as a
+	// timer message, so the wheels hold tasks when broker-a dies. (With
+	// the default lead a task reaches the broker 3 s before due, plain,
+	// and the wheels stay empty.)
+	cfg := rocket.Config{NameServers: []string{cl.NameServer}, GroupPrefix: "itc", Logger: quiet(), Lead: -1}
 	pub, err := rocket.NewPublisher(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("rocket.NewPublisher: %v", err)
@@ -59,8 +63,8 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	}
 	f.consume(t, pub, sub)
 
-	// The relay publishes every task at once (RocketMQ's 60 s lookahead),
-	// so tasks wait in the brokers' wheels. With the broker back, the
+	// The relay publishes every task at once (the 60 s lookahead without a
+	// lead), so tasks wait in the brokers' wheels. With the broker back, the
 	// scanner waits longer than the outage, the broker's start and the
 	// consumers' route refresh and rebalance (up to 50 s); without it, it
 	// rescues after 10 s.

@@ -21,6 +21,9 @@ func checkRocket(ctx context.Context, a *app, bf *brokerFlags, r *report, probe 
 	if !checkRocketLimits(ctx, bf, &cfg, r) {
 		return
 	}
+	// The probes measure the wheel itself: with a lead, a short probe
+	// would skip it and a long one would ask it for less.
+	cfg.Lead = -1
 	if err := func() error {
 		pub, err := rocket.NewPublisher(ctx, cfg)
 		if err != nil {

@@ -76,6 +76,10 @@ type Settings struct {
 	// RocketPrecision is the timer precision, at least the brokers'
 	// timerPrecisionMs (zero: theirs, read at start) (--rocketmq-precision).
 	RocketPrecision time.Duration
+	// RocketLead is how much earlier than due the last timer hop ends,
+	// held by the consumer until due (--rocketmq-lead); negative means
+	// none. Default rocket.DefaultLead.
+	RocketLead time.Duration
 	// RocketLevels is the broker's messageDelayLevel list
 	// (--rocketmq-levels), read as rocket.ParseLevels reads it; commas may
 	// separate the levels too.
@@ -126,6 +130,7 @@ func (s *Settings) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.RocketMode, "rocketmq-mode", s.RocketMode, "delay mode: timer or levels (4.x delay levels)")
 	fs.DurationVar(&s.RocketMaxDelay, "rocketmq-max-delay", s.RocketMaxDelay, "longest timer hop or delay level (0 = the brokers')")
 	fs.DurationVar(&s.RocketPrecision, "rocketmq-precision", s.RocketPrecision, "timer precision (0 = the brokers' timerPrecisionMs)")
+	fs.DurationVar(&s.RocketLead, "rocketmq-lead", s.RocketLead, "how early the last timer hop ends (0 = default, <0 = none)")
 	fs.StringVar(&s.RocketLevels, "rocketmq-levels", s.RocketLevels, "the broker's delay levels")
 	fs.StringVar(&s.RocketBrokerAddr, "rocketmq-broker-addr", s.RocketBrokerAddr, "broker to create topics on")
 	s.AMQPTLS.Register(fs, "amqp", "RabbitMQ")

@@ -125,3 +125,51 @@ func TestPublisher_TimedBatchArrivesWithTheWheelSlot(t *testing.T) {
 		}
 	})
 }
+
+// With the default lead, a message due within it is stored at once as a
+// plain message, off the timer wheel, and a message due later leaves the
+// wheel a lead early: both arrive seconds before due, for the consumer to
+// hold. Without the lead each would arrive a precision before due.
+func TestPublisher_TheLeadDeliversTheLastSecondsEarlyForTheConsumerToHold(t *testing.T) {
+	e := setup(t)
+	topic := brokertest.Topic(t)
+	_, sub := e.clients(t, topic, rocket.TimerLimits(localTimerMaxDelay, localPrecision))
+	cfg := e.config(rocket.TimerLimits(localTimerMaxDelay, localPrecision))
+	cfg.Lead = 0 // the default
+	pub, err := rocket.NewPublisher(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	if got := pub.Limits().Precision; got != rocket.DefaultLead+localPrecision {
+		t.Fatalf("Limits().Precision %v, want the lead and the wheel's, %v", got, rocket.DefaultLead+localPrecision)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	soon := &broker.Message{Topic: topic, Key: "soon", Payload: []byte("s"), DeliverAt: broker.MillisUTC(now.Add(2 * time.Second))}
+	later := &broker.Message{Topic: topic, Key: "later", Payload: []byte("l"), DeliverAt: broker.MillisUTC(now.Add(8 * time.Second))}
+	if err := pub.Publish(ctx, soon, later); err != nil {
+		t.Fatal(err)
+	}
+	receiveAll(t, ch, map[string]*broker.Message{"soon": soon, "later": later}, func(got *broker.Message, arrived time.Time, _ int) {
+		early := got.DeliverAt.Sub(arrived)
+		switch got.Key {
+		case "soon":
+			// Published with 2 s left: plain, so it arrives at once.
+			if early < time.Second {
+				t.Errorf("soon arrived %v before due, want over 1s: it went through the wheel", early)
+			}
+		case "later":
+			// Off the wheel a lead and a precision before due; a second
+			// of slack for a loaded box.
+			if early < rocket.DefaultLead-time.Second || early > rocket.DefaultLead+2*localPrecision {
+				t.Errorf("later arrived %v before due, want about the lead, %v", early, rocket.DefaultLead)
+			}
+		}
+	})
+}

@@ -30,6 +30,21 @@ type Config struct {
 	// theirs. Limits the brokers cannot keep are refused with
 	// ErrLimitsExceedBroker, naming both values.
 	Limits broker.Limits
+	// Lead, in timer mode, is how much earlier than due the last timer hop
+	// ends: the broker delivers the message up to Lead plus one
+	// timerPrecisionMs early, and the consumer runtime holds it until due.
+	// A hop shorter than that skips the timer wheel and goes as a plain
+	// message, and the relay publishes only that far ahead (its default
+	// lookahead is the lead). So a task's last seconds are never on the
+	// wheel: the wheel moves one second's slot into the topics before the
+	// next slot, and a burst's slot would keep every later task of every
+	// topic waiting (BENCHMARKS.md, "One topic's burst beside another
+	// topic"). Default DefaultLead, or half of one hop (MaxHop) when that
+	// is shorter; negative means none: the last hop ends
+	// one precision before due and the relay's lookahead is
+	// DefaultLookahead. Level mode has no lead. Keep it, plus the
+	// precision, within the consumers' HoldWindow (5 s by default).
+	Lead time.Duration
 	// TrustLimits skips reading the brokers' settings: Limits are used as
 	// given, and zero Limits mean TimerLimits(259200s, 1s), the broker's
 	// defaults. For clients not allowed the admin request GET_BROKER_CONFIG.
@@ -62,14 +77,13 @@ type Config struct {
 	// unsettled at once (each holds a client callback, a parked goroutine,
 	// until Ack or Nack). The runtime's group commit handles together what
 	// is waiting, so this bounds how large groups get under load, and the
-	// messages it holds early count against it too: the last timer hop
-	// arrives up to one timerPrecisionMs before due (PlanHop), so keep it
-	// above the due rate per topic per second × the precision (5,000 a
-	// second with 100 ms slots hold about 500; with the broker's default
-	// 1 s slots, raise it above 1,024 tasks due a second per topic and
-	// consumer process, or a task may wait for a slot up to one precision
-	// past due). Default DefaultConsumeGoroutines, at most
-	// MaxConsumeGoroutines.
+	// messages it holds early count against it too: they arrive up to the
+	// lead plus one timerPrecisionMs before due (Lead), 4 s with the
+	// defaults. Above the due rate per topic × those seconds, deliveries
+	// wait in the client's queue in the order they were published, and a
+	// task published out of order with others may wait behind them. A
+	// parked goroutine costs a few KB. Default DefaultConsumeGoroutines,
+	// at most MaxConsumeGoroutines.
 	ConsumeGoroutines int
 	// ConsumeTimeout is how long a delivery may stay unsettled before the
 	// client gives it back to the broker on its own. Keep it above the
@@ -119,8 +133,12 @@ const (
 	// DefaultConsumeGoroutines is Config.ConsumeGoroutines' default. The
 	// consumer's group commit needs deliveries waiting: with far fewer in
 	// flight it finds one or two at a time and the database handler falls
-	// behind under load. RabbitMQ's prefetch plays the same part.
-	DefaultConsumeGoroutines = 1024
+	// behind under load. RabbitMQ's prefetch plays the same part. With
+	// the lead the consumer holds seconds of tasks: 8,192 hold 2,000 due a
+	// second per topic; at 1,024, tasks due at 5,000 a second waited for a
+	// callback up to 138 ms past due (BENCHMARKS.md, "Choosing the
+	// lookahead, the lead and what is in flight").
+	DefaultConsumeGoroutines = 8192
 	// MaxConsumeGoroutines is the most Config.ConsumeGoroutines the
 	// client accepts.
 	MaxConsumeGoroutines = 100000
@@ -141,14 +159,20 @@ const (
 	// 8 and keeps the relay's 4. The figures are in docs/tuning.md, "Why
 	// these values".
 	DefaultRelayWorkers = 8
+	// DefaultLead is Config.Lead's default. Three seconds let the relay
+	// publish a burst of tens of thousands before it is due; the consumer
+	// holds up to the lead plus a precision of tasks, which
+	// DefaultConsumeGoroutines covers at 2,000 due a second per topic
+	// and still keeps in order beyond (BENCHMARKS.md, "Choosing the
+	// lookahead, the lead and what is in flight").
+	DefaultLead = 3 * time.Second
 	// DefaultLookahead is the relay's default lookahead on RocketMQ
-	// (broker.Limits.Lookahead), set on Config.Limits when it has none.
-	// The timer wheel keeps waiting messages on disk, each costing the
-	// broker little memory, so it may hold a minute of work: the relay
-	// then publishes ahead of the consumers instead of beside them. At a
-	// high due rate, a minute keeps tasks on time where a few seconds
-	// leave them late (BENCHMARKS.md, "Choosing the lookahead, the lead
-	// and what is in flight"). Tasks due later wait in the database.
+	// (broker.Limits.Lookahead) in level mode and in timer mode without a
+	// lead, set on Config.Limits when it has none. The broker keeps
+	// waiting messages on disk, each costing it little memory, so it may
+	// hold a minute of work: the relay then publishes ahead of the
+	// consumers instead of beside them. With a lead, the lookahead is the
+	// lead. Tasks due later wait in the database.
 	DefaultLookahead = time.Minute
 	// LevelPrecision is how far from its level a delay-level message may
 	// arrive: the broker's schedule service polls every 100ms.
@@ -157,8 +181,10 @@ const (
 
 // TimerLimits returns the limits of RocketMQ 5 timer mode for a broker with
 // timerMaxDelaySec = maxDelay and timerPrecisionMs = precision.
+// Its Lookahead is left to the Config: the lead, or DefaultLookahead
+// without one.
 func TimerLimits(maxDelay, precision time.Duration) broker.Limits {
-	return broker.Limits{MaxHop: maxDelay, Precision: precision, Lookahead: DefaultLookahead, RelayWorkers: DefaultRelayWorkers}
+	return broker.Limits{MaxHop: maxDelay, Precision: precision, RelayWorkers: DefaultRelayWorkers}
 }
 
 // DefaultLevels returns the broker's default messageDelayLevel list:
@@ -189,8 +215,24 @@ func (c Config) withDefaults() (Config, error) {
 			c.Limits.Precision = DefaultTimerPrecision
 		}
 	}
+	switch {
+	case c.Lead == 0:
+		c.Lead = DefaultLead
+		if c.Limits.MaxHop > 0 {
+			// A short hop (a test broker's) keeps half of it for the wheel.
+			c.Lead = min(DefaultLead, (c.Limits.MaxHop / 2).Truncate(time.Millisecond))
+		}
+	case c.Lead < 0:
+		c.Lead = -1
+	}
+	if lead := c.lead(); lead > 0 && c.Limits.MaxHop > 0 && lead+c.Limits.Precision >= c.Limits.MaxHop {
+		return c, fmt.Errorf("rocket: Config.Lead %v plus the precision %v is not shorter than one hop (%v): no timer hop could end before due; lower Lead", lead, c.Limits.Precision, c.Limits.MaxHop)
+	}
 	if c.Limits.Lookahead == 0 {
 		c.Limits.Lookahead = DefaultLookahead
+		if lead := c.lead(); lead > 0 {
+			c.Limits.Lookahead = max(lead, c.Limits.Precision)
+		}
 	}
 	if c.Limits.RelayWorkers == 0 {
 		c.Limits.RelayWorkers = DefaultRelayWorkers
@@ -243,6 +285,38 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("rocket: Config.AccessKey and Config.SecretKey go together")
 	}
 	return c, nil
+}
+
+// lead is the lead the publisher keeps: Config.Lead in timer mode, none in
+// level mode or when Lead is negative.
+func (c Config) lead() time.Duration {
+	if len(c.Limits.Levels) > 0 {
+		return 0
+	}
+	return max(c.Lead, 0)
+}
+
+// Lead is the lead a publisher on cfg keeps (Config.Lead after its
+// defaults; zero in level mode or when negative). Its Limits().Precision
+// is the configured precision plus this lead. The console plans a task's
+// hops with it.
+func Lead(cfg Config) (time.Duration, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	return cfg.lead(), nil
+}
+
+// hopLimits are the limits the publisher plans with and reports
+// (Publisher.Limits): in timer mode the lead is added to the precision, so
+// the last hop ends a lead and a precision before due, a shorter hop goes
+// without delay, and the consumer's HoldWindow (twice the precision)
+// covers what arrives early.
+func (c Config) hopLimits() broker.Limits {
+	l := c.Limits
+	l.Precision += c.lead()
+	return l
 }
 
 // credentials returns the ACL credentials, empty without ACL.

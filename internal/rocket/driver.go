@@ -108,7 +108,7 @@ func (a adapter) Open(ctx context.Context, logger *slog.Logger, withSub bool) (*
 // fromSettings checks the flat settings and builds the Config they name.
 func fromSettings(c *driver.Settings, logger *slog.Logger) (Config, error) {
 	cfg := Config{GroupPrefix: c.RocketGroupPrefix, Logger: logger, AccessKey: c.RocketAccessKey, SecretKey: c.RocketSecretKey, TLS: c.RocketTLS,
-		ConsumeGoroutines: c.RocketConsumeGoroutines, CreateTopics: c.RocketCreateTopics, BrokerAddr: c.RocketBrokerAddr, Queues: c.RocketQueues}
+		ConsumeGoroutines: c.RocketConsumeGoroutines, Lead: c.RocketLead, CreateTopics: c.RocketCreateTopics, BrokerAddr: c.RocketBrokerAddr, Queues: c.RocketQueues}
 	if (c.RocketAccessKey == "") != (c.RocketSecretKey == "") {
 		return cfg, fmt.Errorf("--rocketmq-access-key and --rocketmq-secret-key go together")
 	}

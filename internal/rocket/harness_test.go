@@ -34,9 +34,11 @@ func setup(t testing.TB) *env {
 	return &env{nameServers: strings.Split(testenv.RocketMQ(t), ",")}
 }
 
-// config returns a Config on the local broker with limits.
+// config returns a Config on the local broker with limits and no lead:
+// every hop is a timer message, as the wheel's tests need. The lead's
+// tests set one.
 func (e *env) config(limits broker.Limits) rocket.Config {
-	return rocket.Config{NameServers: e.nameServers, Limits: limits, GroupPrefix: "dbt"}
+	return rocket.Config{NameServers: e.nameServers, Limits: limits, GroupPrefix: "dbt", Lead: -1}
 }
 
 // topic creates topic once and waits for its route.

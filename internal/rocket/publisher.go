@@ -49,6 +49,16 @@ import (
 // the last hop asks for one precision less than the time left (PlanHop)
 // and arrives by the due time, where the consumer holds it until due.
 //
+// # The lead
+//
+// The wheel moves one slot's messages into their topics before the next
+// slot, so a slot holding a burst keeps every message due after it
+// waiting, on every topic. With a lead (Config.Lead) the publisher plans
+// with limits whose precision is the wheel's plus the lead (Limits): the
+// last hop ends that much before due, and a hop shorter than that goes
+// as a plain message, batched with the other due ones. The relay's
+// lookahead is the lead, so a task's last seconds are never on the wheel.
+//
 // # Levels
 //
 // With Limits.Levels the publisher sends the 1-based level Plan chose in the
@@ -104,8 +114,9 @@ import (
 // only, never from a received message, so no TIMER_* property of an
 // earlier hop can leak into a re-publish.
 type Publisher struct {
-	cfg  Config
-	prod interface {
+	cfg    Config
+	limits broker.Limits // cfg.hopLimits(): what hops are planned with
+	prod   interface {
 		SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error)
 		Shutdown() error
 	}
@@ -168,11 +179,12 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := prod.Start(); err != nil {
 		return nil, fmt.Errorf("rocket: start producer: %w", err)
 	}
-	return &Publisher{cfg: cfg, prod: prod, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}, nil
+	return &Publisher{cfg: cfg, limits: cfg.hopLimits(), prod: prod, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}, nil
 }
 
-// Limits returns the configured limits.
-func (p *Publisher) Limits() broker.Limits { return p.cfg.Limits }
+// Limits returns the limits hops are planned with: the configured ones,
+// with the lead added to the precision in timer mode (Config.Lead).
+func (p *Publisher) Limits() broker.Limits { return p.limits }
 
 // Publish sends the messages, up to SendWorkers sends at once, and returns
 // when the broker answered for all of them: in batches where they share a
@@ -329,7 +341,7 @@ func (b *sendBatch) add(i int, m *primitive.Message, size int) {
 // batch's is the batch's (sendBatch).
 func (p *Publisher) batchable(m *broker.Message, now time.Time) (*primitive.Message, int, batchKey, bool) {
 	key := batchKey{topic: m.Topic, slot: dueNow}
-	hop := PlanHop(p.cfg.Limits, now, m.DeliverAt)
+	hop := PlanHop(p.limits, now, m.DeliverAt)
 	precision := p.cfg.Limits.Precision.Milliseconds()
 	switch {
 	case len(m.Payload) >= maxBatchedPayload, hop.Level > 0:
@@ -379,7 +391,7 @@ func (p *Publisher) sendBatch(ctx context.Context, msgs []*broker.Message, idx [
 	// send, as a lone message's is: the broker counts it from its receipt.
 	now, delay := p.now(), time.Duration(-1)
 	for _, i := range idx {
-		if d := PlanHop(p.cfg.Limits, now, msgs[i].DeliverAt).Delay; delay < 0 || d < delay {
+		if d := PlanHop(p.limits, now, msgs[i].DeliverAt).Delay; delay < 0 || d < delay {
 			delay = d
 		}
 	}
@@ -443,7 +455,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	hop := PlanHop(p.cfg.Limits, p.now(), m.DeliverAt)
+	hop := PlanHop(p.limits, p.now(), m.DeliverAt)
 	res, err := p.sendSync(ctx, p.message(m, hop))
 	if err != nil {
 		return classify(err, hop.Delay.Truncate(time.Millisecond), p.cfg.Limits.MaxHop)
@@ -528,7 +540,8 @@ const (
 )
 
 // PlanHop is the hop the publisher sends for a message due at due, planned
-// at now. With delay levels it is l.Plan's. With the timer wheel the chain
+// at now, with the publisher's limits (Publisher.Limits, the lead in their
+// precision). With delay levels it is l.Plan's. With the timer wheel the chain
 // is planned toward one precision before due: the wheel delivers a message
 // at the end of the slot its time falls in, up to one precision after it,
 // so asked for one precision less, the last hop arrives no later than the

@@ -3,6 +3,7 @@ package rocket
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,14 +55,21 @@ func sendOK(context.Context, *primitive.Message) (*primitive.SendResult, error) 
 	return &primitive.SendResult{Status: primitive.SendOK}, nil
 }
 
-// fakePublisher is a Publisher whose sends go to f.
+// fakePublisher is a Publisher without a lead whose sends go to f.
 func fakePublisher(t *testing.T, limits broker.Limits, workers int, f *fakeProducer) *Publisher {
 	t.Helper()
-	cfg, err := Config{NameServers: []string{"127.0.0.1:1"}, Limits: limits, TrustLimits: true, SendWorkers: workers}.withDefaults()
+	return fakePublisherLead(t, limits, -1, workers, f)
+}
+
+// fakePublisherLead is a Publisher with lead (Config.Lead) whose sends go
+// to f.
+func fakePublisherLead(t *testing.T, limits broker.Limits, lead time.Duration, workers int, f *fakeProducer) *Publisher {
+	t.Helper()
+	cfg, err := Config{NameServers: []string{"127.0.0.1:1"}, Limits: limits, TrustLimits: true, SendWorkers: workers, Lead: lead}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Publisher{cfg: cfg, prod: f, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}
+	return &Publisher{cfg: cfg, limits: cfg.hopLimits(), prod: f, routed: map[string]chan struct{}{}, sem: make(chan struct{}, cfg.SendWorkers), now: time.Now}
 }
 
 func guardMessage(key string, due time.Time) *broker.Message {
@@ -424,5 +432,80 @@ func TestPublisher_SentHopWaitsNoLongerThanDueAndNoLessThanPlanned(t *testing.T)
 	}
 	if v := f.sent[0].GetProperty(propTimerDelayMS); v != "" {
 		t.Errorf("level mode sent %s=%s", propTimerDelayMS, v)
+	}
+}
+
+// With a lead, a message due within the lead and a precision goes without
+// a delay, in one batch with the other due ones, and a message due later
+// asks the wheel for the lead and a precision less than the time left: the
+// last seconds of every task are off the wheel. The limits reported carry
+// the lead in their precision, so the consumer holds what arrives early.
+func TestPublisher_TheLeadKeepsTheLastSecondsOffTheWheel(t *testing.T) {
+	f := &fakeProducer{answer: sendOK}
+	p := fakePublisherLead(t, TimerLimits(time.Hour, 100*time.Millisecond), 3*time.Second, 4, f)
+	now := time.Now()
+	msgs := []*broker.Message{guardMessage("due", now.Add(-time.Second)), guardMessage("soon", now.Add(2*time.Second)), guardMessage("edge", now.Add(3*time.Second)), guardMessage("later", now.Add(10*time.Second))}
+	if err := p.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	delays := map[string]string{}
+	var batched []string
+	for i, req := range f.requests {
+		if len(req) > 1 {
+			for _, m := range req {
+				batched = append(batched, m.GetProperty(propKeys))
+			}
+			if f.delays[i] != 0 {
+				t.Errorf("a batch of due messages asks for %d ms", f.delays[i])
+			}
+			continue
+		}
+		delays[req[0].GetProperty(propKeys)] = req[0].GetProperty(propTimerDelayMS)
+	}
+	slices.Sort(batched)
+	if want := []string{"due", "edge", "soon"}; !slices.Equal(batched, want) {
+		t.Errorf("batched %v, want the three within the lead, %v, in one batch without delay", batched, want)
+	}
+	// 10 s less the 3 s lead and the 100 ms precision, less the moments
+	// before the send.
+	if ms, err := strconv.ParseInt(delays["later"], 10, 64); err != nil || ms < 6700 || ms > 6900 {
+		t.Errorf("a message due in 10s asks for %q ms, want 6.9 s (the lead and a precision less) at most", delays["later"])
+	}
+	if l := p.Limits(); l.Precision != 3100*time.Millisecond || l.Lookahead != 3*time.Second {
+		t.Errorf("Limits() precision %v, lookahead %v; want 3.1s (the lead plus the wheel's) and 3s (the lead)", l.Precision, l.Lookahead)
+	}
+}
+
+// The lead's defaults: DefaultLead, half a short hop, none when negative
+// or in level mode, and refused when no timer hop could end before due.
+func TestConfig_LeadDefaults(t *testing.T) {
+	ns := []string{"127.0.0.1:1"}
+	cases := []struct {
+		name            string
+		cfg             Config
+		lead, lookahead time.Duration
+		precision       time.Duration
+	}{
+		{"default", Config{Limits: TimerLimits(time.Hour, time.Second)}, DefaultLead, DefaultLead, DefaultLead + time.Second},
+		{"short hop", Config{Limits: TimerLimits(2*time.Second, 100*time.Millisecond)}, time.Second, time.Second, 1100 * time.Millisecond},
+		{"none", Config{Limits: TimerLimits(time.Hour, time.Second), Lead: -1}, 0, DefaultLookahead, time.Second},
+		{"set", Config{Limits: TimerLimits(time.Hour, 100*time.Millisecond), Lead: 50 * time.Millisecond}, 50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond},
+		{"levels", Config{Limits: LevelLimits(DefaultLevels(), 0)}, 0, DefaultLookahead, LevelPrecision},
+	}
+	for _, c := range cases {
+		c.cfg.NameServers = ns
+		got, err := c.cfg.withDefaults()
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		l := got.hopLimits()
+		if got.lead() != c.lead || l.Lookahead != c.lookahead || l.Precision != c.precision {
+			t.Errorf("%s: lead %v, lookahead %v, precision %v; want %v, %v, %v", c.name, got.lead(), l.Lookahead, l.Precision, c.lead, c.lookahead, c.precision)
+		}
+	}
+	_, err := Config{NameServers: ns, Limits: TimerLimits(2*time.Second, 100*time.Millisecond), Lead: 1900 * time.Millisecond}.withDefaults()
+	if err == nil || !strings.Contains(err.Error(), "Config.Lead") {
+		t.Errorf("a lead leaving no room in a 2s hop: err %v, want one naming Config.Lead", err)
 	}
 }

@@ -59,9 +59,21 @@ func brokerLimits(bf driver.Settings) (broker.Limits, []limitRow, error) {
 		if err != nil {
 			return broker.Limits{}, nil, err
 		}
+		lead, err := rocket.Lead(cfg)
+		if err != nil {
+			return broker.Limits{}, nil, err
+		}
 		lim := cfg.Limits
+		lim.Precision += lead
+		precision := fmtDur(cfg.Limits.Precision)
+		if cfg.Limits.Precision == 0 && len(lim.Levels) == 0 {
+			precision = "the brokers' timerPrecisionMs"
+		}
+		if lead > 0 {
+			precision += fmt.Sprintf(" + %v lead (a task's last seconds skip the wheel; early arrivals are held)", lead)
+		}
 		rows = append(rows, limitRow{"name servers", strings.Join(cfg.NameServers, ", ")},
-			limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", fmtDur(lim.Precision)})
+			limitRow{"max delay per hop", fmtDur(lim.MaxHop)}, limitRow{"precision", precision})
 		if len(lim.Levels) > 0 {
 			lv := make([]string, len(lim.Levels))
 			for i, l := range lim.Levels {

@@ -45,21 +45,39 @@ func TestConsoleLimits_FollowTheRabbitLeadFlag(t *testing.T) {
 }
 
 // A task page plans the hops the RocketMQ publisher sends: with the timer
-// wheel the last hop is one precision short of the due time, and the
-// consumer holds the message for the rest.
-func TestPlannedHops_RocketTimerLastHopIsAPrecisionShort(t *testing.T) {
-	env := testEnv(t, "", io.Discard, "--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s")
-	now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
-	c := &console{env: env, now: func() time.Time { return now }}
-	d := &ops.Detail{}
-	d.State = outbox.StatePending
-	d.Task.DueAt = now.Add(90 * time.Minute)
-	var got []string
-	for _, e := range c.plannedHops(d) {
-		got = append(got, e.What)
-	}
-	want := []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m59s", "then held by the consumer until due, up to 1s"}
-	if strings.Join(got, " | ") != strings.Join(want, " | ") {
-		t.Errorf("planned hops %q, want %q", got, want)
+// wheel the last hop ends a precision and the lead short of the due time,
+// and the consumer holds the message for the rest. The brokers page names
+// the lead.
+func TestPlannedHops_RocketTimerLastHopIsAPrecisionAndTheLeadShort(t *testing.T) {
+	for _, c := range []struct {
+		lead string
+		want []string
+		row  string
+	}{
+		{"0s", []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m56s", "then held by the consumer until due, up to 4s"}, "1s + 3s lead"},
+		{"-1s", []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m59s", "then held by the consumer until due, up to 1s"}, "1s"},
+	} {
+		env := testEnv(t, "", io.Discard, "--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s", "--rocketmq-lead", c.lead)
+		now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
+		cs := &console{env: env, now: func() time.Time { return now }}
+		d := &ops.Detail{}
+		d.State = outbox.StatePending
+		d.Task.DueAt = now.Add(90 * time.Minute)
+		var got []string
+		for _, e := range cs.plannedHops(d) {
+			got = append(got, e.What)
+		}
+		if strings.Join(got, " | ") != strings.Join(c.want, " | ") {
+			t.Errorf("lead %s: planned hops %q, want %q", c.lead, got, c.want)
+		}
+		_, rows, err := brokerLimits(env.Broker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Name == "precision" && (r.Value != c.row && !strings.HasPrefix(r.Value, c.row+" (")) {
+				t.Errorf("lead %s: precision row %q, want %q", c.lead, r.Value, c.row)
+			}
+		}
 	}
 }
