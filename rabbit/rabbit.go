@@ -6,7 +6,8 @@ import (
 )
 
 // Config configures the RabbitMQ adapter. Zero fields take their defaults;
-// docs/configuration.md lists each field's flag, default and meaning.
+// each field says its default, and docs/flags.md explains the flag that
+// sets it.
 type Config = rabbit.Config
 
 // Mode is how messages are delayed: the ladder of quorum queues or the

@@ -8,7 +8,8 @@ import (
 )
 
 // Config configures the RocketMQ adapter. Zero fields take their defaults;
-// docs/configuration.md lists each field's flag, default and meaning.
+// each field says its default, and docs/flags.md explains the flag that
+// sets it.
 type Config = rocket.Config
 
 // New returns the RocketMQ adapter for delaybridge.Config.Broker. It does not

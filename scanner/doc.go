@@ -10,7 +10,8 @@ package scanner
 import "github.com/delaybridge/delaybridge/internal/scanner"
 
 // Config tunes the scanner; zero fields take their defaults
-// (docs/configuration.md). The root package calls it ScannerConfig.
+// (each field says its own; docs/flags.md explains run's --grace and the
+// other flags that set them). The root package calls it ScannerConfig.
 type Config = scanner.Config
 
 // Business is a query for keys whose task should have run but may never
