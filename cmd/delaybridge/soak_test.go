@@ -16,27 +16,11 @@ import (
 // race to their cancellation, `delaybridge run` in a process of its own,
 // a line each window, the peak's timings, and every invariant 0.
 func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
-	_, dsn := testenv.ScratchDB(t)
-	bin := filepath.Join(t.TempDir(), "delaybridge")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	// Every payment falls in the last 2 s or just past the timeout, so
 	// some race their cancellation.
-	args := append([]string{"soak", "--mysql-dsn", dsn, "--orders-rate", "100", "--duration", "6s", "--timeout", "4s",
-		"--pay-ratio", "0.6", "--pay-last", "2s", "--pay-last-share", "1", "--report-every", "3s", "--settle", "5s",
-		"--json", "--log-level", "warn"}, testenv.RabbitFlags(t)...)
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = baseEnv()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("soak: %v\nstdout: %s\nstderr: %s", err, out, stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	out, stderr := runSoak(t, "--orders-rate", "100", "--duration", "6s", "--timeout", "4s",
+		"--pay-ratio", "0.6", "--pay-last", "2s", "--pay-last-share", "1", "--report-every", "3s", "--settle", "5s")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var res struct {
 		Orders, Paid, Cancelled int64
 		Refused                 int64 `json:"payments_refused"`
@@ -61,8 +45,8 @@ func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 	if res.Peak == nil || len(res.Windows) < 3 {
 		t.Fatalf("peak %v, %d windows: want the peak's timings and a window every 3 s", res.Peak, len(res.Windows))
 	}
-	if !strings.Contains(stderr.String(), "order tx p99") || !strings.Contains(stderr.String(), "relay (run)") {
-		t.Fatalf("no window lines with the relay's process on stderr:\n%s", stderr.String())
+	if !strings.Contains(stderr, "order tx p99") || !strings.Contains(stderr, "relay (run)") {
+		t.Fatalf("no window lines with the relay's process on stderr:\n%s", stderr)
 	}
 }
 
@@ -76,6 +60,8 @@ func TestSoak_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--pay-ratio", "1.5"}, "--pay-ratio 1.5"},
 		{[]string{"--pay-last", "2m"}, "--pay-last 2m0s: need 0 or more and less than --timeout"},
 		{[]string{"--order-workers", "0"}, "--order-workers 0"},
+		{[]string{"--outage-at", "10s", "--outage-for", "5s", "--outage-stop", "true"}, "--outage-at needs --outage-for, --outage-stop and --outage-start"},
+		{[]string{"--outage-at", "10m", "--outage-for", "5s", "--outage-stop", "true", "--outage-start", "true"}, "--outage-at 10m0s: need it before the last task is due"},
 	} {
 		// A DSN nothing listens on: a refused flag never gets that far.
 		_, _, err := run(t, append([]string{"soak", "--mysql-dsn", "u:p@tcp(127.0.0.1:1)/none"}, c.args...)...)
@@ -83,4 +69,70 @@ func TestSoak_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 			t.Errorf("soak %v: err = %v, want %q", c.args, err, c.want)
 		}
 	}
+}
+
+// An outage (here the relay's, stopped and continued) leaves tasks
+// overdue; soak counts them when the outage ends and times their drain,
+// and every invariant still holds.
+func TestSoak_AnOutageIsMeasuredAndItsBacklogDrains(t *testing.T) {
+	// Orders for 9 s, due 2 s later; the relay stopped from 3 s to 7 s:
+	// the tasks due from 5 s on wait for it.
+	out, stderr := runSoak(t, "--orders-rate", "100", "--duration", "9s", "--timeout", "2s",
+		"--pay-ratio", "0.2", "--pay-last", "1s", "--report-every", "3s", "--settle", "5s",
+		"--outage-at", "3s", "--outage-for", "4s", "--outage-stop", "kill -STOP $SOAK_RUN_PID", "--outage-start", "kill -CONT $SOAK_RUN_PID")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var res struct {
+		Lost, Early int64
+		DupEffects  int64 `json:"dup_effects"`
+		PaidCancel  int64 `json:"paid_yet_cancelled"`
+		Outage      *struct {
+			DownS     float64 `json:"down_s"`
+			Before    int64   `json:"overdue_before"`
+			Backlog   int64   `json:"overdue_at_start"`
+			DrainedS  float64 `json:"drained_after_s"`
+			DrainRate float64 `json:"drain_tasks_per_s"`
+			Err       string  `json:"error"`
+		}
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not the JSON summary: %v\n%s", err, out)
+	}
+	o := res.Outage
+	if o == nil || o.Err != "" {
+		t.Fatalf("outage %+v: want one measured without error\nstderr: %s", o, stderr)
+	}
+	// About 160 due while the relay was stopped, less those paid.
+	if o.DownS < 3.5 || o.Backlog < o.Before+50 || o.DrainedS <= 0 || o.DrainRate <= 0 {
+		t.Errorf("outage %+v: want 4 s down, 50 or more tasks overdue when it ended, and their drain timed", o)
+	}
+	if res.Lost+res.DupEffects+res.Early+res.PaidCancel != 0 {
+		t.Errorf("invariants broken across the outage: %+v", res)
+	}
+	if !strings.Contains(out, "outage: broker down") {
+		t.Errorf("no outage line in the summary:\n%s", out)
+	}
+}
+
+// runSoak builds delaybridge and runs soak on a scratch database and the
+// local RabbitMQ with args, --json and warnings only; it returns stdout
+// and stderr, and fails the test when soak fails.
+func runSoak(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	_, dsn := testenv.ScratchDB(t)
+	bin := filepath.Join(t.TempDir(), "delaybridge")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	args = append(append([]string{"soak", "--mysql-dsn", dsn}, args...), "--json", "--log-level", "warn")
+	cmd := exec.CommandContext(ctx, bin, append(args, testenv.RabbitFlags(t)...)...)
+	cmd.Env = baseEnv()
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("soak: %v\nstdout: %s\nstderr: %s", err, out, errb.String())
+	}
+	return string(out), errb.String()
 }

@@ -57,6 +57,9 @@ type Options struct {
 	workers   int
 	asJSON    bool
 	runArgs   []string
+
+	outageAt, outageFor     time.Duration
+	outageStop, outageStart string
 }
 
 // Register adds soak's flags to f.
@@ -72,6 +75,10 @@ func (o *Options) Register(f *pflag.FlagSet) {
 	f.IntVar(&o.workers, "order-workers", 32, "concurrent order and payment transactions at most")
 	f.BoolVar(&o.asJSON, "json", false, "end with one JSON object on the last line of stdout")
 	f.StringArrayVar(&o.runArgs, "run-arg", nil, "pass this flag on to the delaybridge run process (repeatable)")
+	f.DurationVar(&o.outageAt, "outage-at", 0, "stop the broker this long after the start (0 = no outage)")
+	f.DurationVar(&o.outageFor, "outage-for", 0, "start the broker again after this long")
+	f.StringVar(&o.outageStop, "outage-stop", "", "shell command that stops the broker")
+	f.StringVar(&o.outageStart, "outage-start", "", "shell command that starts the broker")
 }
 
 func (o *Options) check() error {
@@ -86,6 +93,12 @@ func (o *Options) check() error {
 		return fmt.Errorf("--pay-last %v: need 0 or more and less than --timeout %v", o.lastWin, o.timeout)
 	case o.workers < 1:
 		return fmt.Errorf("--order-workers %d: need 1 or more", o.workers)
+	case o.outageAt < 0 || o.outageFor < 0:
+		return fmt.Errorf("--outage-at %v, --outage-for %v: need 0 or more", o.outageAt, o.outageFor)
+	case o.outageAt > 0 && (o.outageFor == 0 || o.outageStop == "" || o.outageStart == ""):
+		return fmt.Errorf("--outage-at needs --outage-for, --outage-stop and --outage-start")
+	case o.outageAt > 0 && o.outageAt >= o.duration+o.timeout:
+		return fmt.Errorf("--outage-at %v: need it before the last task is due, %v after the start", o.outageAt, o.duration+o.timeout)
 	}
 	return nil
 }
@@ -168,6 +181,9 @@ type soak struct {
 	// none, if the runtime keeps its word.
 	early atomic.Int64
 	peak  *peak
+
+	omu    sync.Mutex
+	outage *outage
 }
 
 // window is one report's worth of samples (µs, lateness in ms).
@@ -334,6 +350,14 @@ func (s *soak) run(ctx context.Context) error {
 	next := time.Now()
 	end := s.start.Add(o.duration)
 	lastExpire := end.Add(o.timeout)
+	stopOutage := func() {}
+	if o.outageAt > 0 {
+		octx, cancel := context.WithCancel(ctx)
+		ow := make(chan struct{})
+		go func() { defer close(ow); s.runOutage(octx) }()
+		stopOutage = func() { cancel(); <-ow }
+		defer stopOutage()
+	}
 	n := 0
 	paceT := time.NewTimer(0)
 	defer paceT.Stop()
@@ -386,6 +410,7 @@ func (s *soak) run(ctx context.Context) error {
 	}
 	close(work)
 	wg.Wait()
+	stopOutage()
 	if s.peak == nil {
 		s.measurePeak(ctx)
 	}
@@ -642,10 +667,14 @@ func (s *soak) summary(ctx context.Context, reports []report) error {
 		PaidCancel int64    `json:"paid_yet_cancelled"`
 		UnpaidDue  int64    `json:"unpaid_past_due"`
 		Peak       *peak    `json:"peak"`
+		Outage     *outage  `json:"outage,omitempty"`
 		Windows    []report `json:"windows"`
 	}
 	res.Orders, res.Paid, res.Refused, res.Cancelled, res.Failed = s.created.Load(), s.paid.Load(), s.refused.Load(), s.cancelled.Load(), s.failed.Load()
 	res.Peak, res.Windows = s.peak, reports
+	s.omu.Lock()
+	res.Outage = s.outage
+	s.omu.Unlock()
 	// An order past its expiry by more than the settle time that is
 	// still unpaid lost its task (or the task is that late).
 	cutoff := time.Now().Add(-s.o.settle).UnixMilli()
@@ -670,6 +699,9 @@ func (s *soak) summary(ctx context.Context, reports []report) error {
 		res.Orders, res.Paid, res.Refused, res.Cancelled, res.Lost, res.DupEffects, res.Early, res.PaidCancel, res.UnpaidDue)
 	if p := res.Peak; p != nil {
 		fmt.Fprintf(s.env.Stdout, "at the peak, %d tasks waiting: status %.0f ms, /metrics %.0f ms, console overview %.0f ms\n", p.Waiting, p.StatusMS, p.MetricsMS, p.OverviewMS)
+	}
+	if o := res.Outage; o != nil {
+		fmt.Fprintf(s.env.Stdout, "outage: broker down %.0f s from %.0f s; %d tasks overdue when it started; %s\n", o.DownS, o.StoppedS, o.Backlog, o.drained())
 	}
 	if s.o.asJSON {
 		j, _ := json.Marshal(res)
