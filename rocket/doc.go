@@ -16,7 +16,7 @@
 // the last; this works on RocketMQ 4.x and 5.x brokers alike. Why relative
 // timing rather than TIMER_DELIVER_MS is explained in docs/brokers.md.
 //
-// In timer mode a task's last seconds stay off the wheel (Config.Lead, 3 s
+// In timer mode a task's last seconds stay off the wheel (Config.Lead, 10 s
 // by default): the relay publishes that far ahead as a plain message and
 // the consumer holds it until due, so one topic's burst in a slot of the
 // wheel delays no other topic.

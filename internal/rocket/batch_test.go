@@ -152,7 +152,7 @@ func TestPublisher_TheLeadDeliversTheLastSecondsEarlyForTheConsumerToHold(t *tes
 	}
 	now := time.Now()
 	soon := &broker.Message{Topic: topic, Key: "soon", Payload: []byte("s"), DeliverAt: broker.MillisUTC(now.Add(2 * time.Second))}
-	later := &broker.Message{Topic: topic, Key: "later", Payload: []byte("l"), DeliverAt: broker.MillisUTC(now.Add(8 * time.Second))}
+	later := &broker.Message{Topic: topic, Key: "later", Payload: []byte("l"), DeliverAt: broker.MillisUTC(now.Add(rocket.DefaultLead + 5*time.Second))}
 	if err := pub.Publish(ctx, soon, later); err != nil {
 		t.Fatal(err)
 	}

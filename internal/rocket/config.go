@@ -42,8 +42,10 @@ type Config struct {
 	// topic"). Default DefaultLead, or half of one hop (MaxHop) when that
 	// is shorter; negative means none: the last hop ends
 	// one precision before due and the relay's lookahead is
-	// DefaultLookahead. Level mode has no lead. Keep it, plus the
-	// precision, within the consumers' HoldWindow (5 s by default).
+	// DefaultLookahead. Level mode has no lead. A consumer's HoldWindow
+	// defaults to twice its publisher's precision, the lead included, so
+	// it holds these; one set shorter sends an early message on as one
+	// more hop.
 	Lead time.Duration
 	// TrustLimits skips reading the brokers' settings: Limits are used as
 	// given, and zero Limits mean TimerLimits(259200s, 1s), the broker's
@@ -78,11 +80,11 @@ type Config struct {
 	// until Ack or Nack). The runtime's group commit handles together what
 	// is waiting, so this bounds how large groups get under load, and the
 	// messages it holds early count against it too: they arrive up to the
-	// lead plus one timerPrecisionMs before due (Lead), 4 s with the
-	// defaults. Above the due rate per topic × those seconds, deliveries
-	// wait in the client's queue in the order they were published, and a
-	// task published out of order with others may wait behind them. A
-	// parked goroutine costs a few KB. Default DefaultConsumeGoroutines,
+	// lead plus one timerPrecisionMs before due (Lead), about 10 s with
+	// the defaults. Above the due rate per topic × those seconds,
+	// deliveries wait in the client's queue in the order they were
+	// published, and a task published out of order with others may wait
+	// behind them. A parked goroutine costs a few KB. Default DefaultConsumeGoroutines,
 	// at most MaxConsumeGoroutines.
 	ConsumeGoroutines int
 	// ConsumeTimeout is how long a delivery may stay unsettled before the
@@ -134,10 +136,10 @@ const (
 	// consumer's group commit needs deliveries waiting: with far fewer in
 	// flight it finds one or two at a time and the database handler falls
 	// behind under load. RabbitMQ's prefetch plays the same part. With
-	// the lead the consumer holds seconds of tasks: 8,192 hold 2,000 due a
-	// second per topic; at 1,024, tasks due at 5,000 a second waited for a
-	// callback up to 138 ms past due (BENCHMARKS.md, "Choosing the
-	// lookahead, the lead and what is in flight").
+	// the lead the consumer holds seconds of tasks: at 1,024, tasks due at
+	// 5,000 a second waited for a callback up to 138 ms past due; at
+	// 8,192 none did (BENCHMARKS.md, "Choosing the lookahead, the lead and
+	// what is in flight").
 	DefaultConsumeGoroutines = 8192
 	// MaxConsumeGoroutines is the most Config.ConsumeGoroutines the
 	// client accepts.
@@ -159,13 +161,15 @@ const (
 	// 8 and keeps the relay's 4. The figures are in docs/tuning.md, "Why
 	// these values".
 	DefaultRelayWorkers = 8
-	// DefaultLead is Config.Lead's default. Three seconds let the relay
-	// publish a burst of tens of thousands before it is due; the consumer
-	// holds up to the lead plus a precision of tasks, which
-	// DefaultConsumeGoroutines covers at 2,000 due a second per topic
-	// and still keeps in order beyond (BENCHMARKS.md, "Choosing the
-	// lookahead, the lead and what is in flight").
-	DefaultLead = 3 * time.Second
+	// DefaultLead is Config.Lead's default, RabbitMQ's lead too. Ten
+	// seconds let the relay publish a burst of 100,000 before it is due
+	// instead of while it is handled; at 5,000 due a second and with a
+	// burst beside a trickle it did better than 3 s (BENCHMARKS.md,
+	// "Choosing the lookahead, the lead and what is in flight"). The
+	// consumer holds up to the lead plus a precision of tasks: up to
+	// DefaultConsumeGoroutines of them in callbacks, the rest queued in
+	// the client in the order they were published.
+	DefaultLead = 10 * time.Second
 	// DefaultLookahead is the relay's default lookahead on RocketMQ
 	// (broker.Limits.Lookahead) in level mode and in timer mode without a
 	// lead, set on Config.Limits when it has none. The broker keeps

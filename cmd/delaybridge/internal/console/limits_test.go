@@ -54,7 +54,7 @@ func TestPlannedHops_RocketTimerLastHopIsAPrecisionAndTheLeadShort(t *testing.T)
 		want []string
 		row  string
 	}{
-		{"0s", []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m56s", "then held by the consumer until due, up to 4s"}, "1s + 3s lead"},
+		{"0s", []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m49s", "then held by the consumer until due, up to 11s"}, "1s + 10s lead"},
 		{"-1s", []string{"hop 1: held by the broker for 1h0m0s", "hop 2: held by the broker for 29m59s", "then held by the consumer until due, up to 1s"}, "1s"},
 	} {
 		env := testEnv(t, "", io.Discard, "--broker", "rocket", "--rocketmq-namesrv", "127.0.0.1:1", "--rocketmq-max-delay", "1h", "--rocketmq-precision", "1s", "--rocketmq-lead", c.lead)
