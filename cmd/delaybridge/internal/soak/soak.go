@@ -634,9 +634,18 @@ func (s *soak) procUsage(now time.Time) []procUsage {
 	defer s.mu.Unlock()
 	var out []procUsage
 	elapsed := now.Sub(s.lastUsageAt).Seconds()
-	for _, p := range s.procs {
+	var restarted []proc // found again when a server is gone: an outage restarts it
+	for i, p := range s.procs {
 		cpu, rss, ok := usage(p.pid)
 		if !ok {
+			if restarted == nil {
+				restarted = servers()
+			}
+			for _, r := range restarted {
+				if r.name == p.name {
+					s.procs[i].pid = r.pid
+				}
+			}
 			continue
 		}
 		u := procUsage{Name: p.name, RSSMiB: rss}
