@@ -34,7 +34,9 @@ the size of delay_task, and each server's CPU and memory. When the orders
 stop it times a "status", a /metrics scrape and the console overview. It waits
 --settle past the last timeout, then checks every order: lost, duplicate
 effects, early, paid yet cancelled, unpaid past due. It exits non-zero when
-one of them is not 0. docs/cli.md and BENCHMARKS.md show the seeds' figures.`,
+one of them is not 0. --waiting writes that many tasks first, due after the
+soak, so the table holds the seeds' millions. docs/cli.md and BENCHMARKS.md
+show the seeds' figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			runFlags := newRunCmd(a).Flags()

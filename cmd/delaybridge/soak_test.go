@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
@@ -17,9 +18,10 @@ import (
 // a line each window, the peak's timings, and every invariant 0.
 func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 	// Every payment falls in the last 2 s or just past the timeout, so
-	// some race their cancellation.
-	out, stderr := runSoak(t, "--orders-rate", "100", "--duration", "6s", "--timeout", "4s",
-		"--pay-ratio", "0.6", "--pay-last", "2s", "--pay-last-share", "1", "--report-every", "3s", "--settle", "5s")
+	// some race their cancellation. 3,000 tasks wait beside the soak's.
+	out, stderr, db := runSoak(t, "--orders-rate", "100", "--duration", "6s", "--timeout", "4s",
+		"--pay-ratio", "0.6", "--pay-last", "2s", "--pay-last-share", "1", "--report-every", "3s", "--settle", "5s",
+		"--waiting", "3000")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var res struct {
 		Orders, Paid, Cancelled int64
@@ -29,8 +31,11 @@ func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 		Early                   int64
 		PaidCancel              int64 `json:"paid_yet_cancelled"`
 		UnpaidDue               int64 `json:"unpaid_past_due"`
-		Peak                    *struct{ StatusMS, MetricsMS, OverviewMS float64 }
-		Windows                 []json.RawMessage
+		Peak                    *struct {
+			Waiting                         int64 `json:"waiting_tasks"`
+			StatusMS, MetricsMS, OverviewMS float64
+		}
+		Windows []json.RawMessage
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\n%s", err, out)
@@ -44,6 +49,18 @@ func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 	}
 	if res.Peak == nil || len(res.Windows) < 3 {
 		t.Fatalf("peak %v, %d windows: want the peak's timings and a window every 3 s", res.Peak, len(res.Windows))
+	}
+	// The loaded tasks counted as waiting at the peak, and soak deleted
+	// them when it ended.
+	if res.Peak.Waiting < 3000 {
+		t.Errorf("peak waiting %d: want the 3,000 loaded ones counted", res.Peak.Waiting)
+	}
+	var left int
+	if err := db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE topic = 'soak-waiting'").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || !strings.Contains(stderr, "loaded 3000 waiting tasks") {
+		t.Errorf("%d waiting tasks left after the soak (want 0), stderr:\n%s", left, stderr)
 	}
 	if !strings.Contains(stderr, "order tx p99") || !strings.Contains(stderr, "relay (run)") {
 		t.Fatalf("no window lines with the relay's process on stderr:\n%s", stderr)
@@ -60,6 +77,7 @@ func TestSoak_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{[]string{"--pay-ratio", "1.5"}, "--pay-ratio 1.5"},
 		{[]string{"--pay-last", "2m"}, "--pay-last 2m0s: need 0 or more and less than --timeout"},
 		{[]string{"--order-workers", "0"}, "--order-workers 0"},
+		{[]string{"--waiting", "-1"}, "--waiting -1: need 0 or more"},
 		{[]string{"--outage-at", "10s", "--outage-for", "5s", "--outage-stop", "true"}, "--outage-at needs --outage-for, --outage-stop and --outage-start"},
 		{[]string{"--outage-at", "10m", "--outage-for", "5s", "--outage-stop", "true", "--outage-start", "true"}, "--outage-at 10m0s: need it before the last task is due"},
 	} {
@@ -77,7 +95,7 @@ func TestSoak_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 func TestSoak_AnOutageIsMeasuredAndItsBacklogDrains(t *testing.T) {
 	// Orders for 9 s, due 2 s later; the relay stopped from 3 s to 7 s:
 	// the tasks due from 5 s on wait for it.
-	out, stderr := runSoak(t, "--orders-rate", "100", "--duration", "9s", "--timeout", "2s",
+	out, stderr, _ := runSoak(t, "--orders-rate", "100", "--duration", "9s", "--timeout", "2s",
 		"--pay-ratio", "0.2", "--pay-last", "1s", "--report-every", "3s", "--settle", "5s",
 		"--outage-at", "3s", "--outage-for", "4s", "--outage-stop", "kill -STOP $SOAK_RUN_PID", "--outage-start", "kill -CONT $SOAK_RUN_PID")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -114,11 +132,11 @@ func TestSoak_AnOutageIsMeasuredAndItsBacklogDrains(t *testing.T) {
 }
 
 // runSoak builds delaybridge and runs soak on a scratch database and the
-// local RabbitMQ with args, --json and warnings only; it returns stdout
-// and stderr, and fails the test when soak fails.
-func runSoak(t *testing.T, args ...string) (stdout, stderr string) {
+// local RabbitMQ with args, --json and warnings only; it returns stdout,
+// stderr and the database, and fails the test when soak fails.
+func runSoak(t *testing.T, args ...string) (stdout, stderr string, db *sql.DB) {
 	t.Helper()
-	_, dsn := testenv.ScratchDB(t)
+	db, dsn := testenv.ScratchDB(t)
 	bin := filepath.Join(t.TempDir(), "delaybridge")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -134,5 +152,5 @@ func runSoak(t *testing.T, args ...string) (stdout, stderr string) {
 	if err != nil {
 		t.Fatalf("soak: %v\nstdout: %s\nstderr: %s", err, out, errb.String())
 	}
-	return string(out), errb.String()
+	return string(out), errb.String(), db
 }

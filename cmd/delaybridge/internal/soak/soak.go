@@ -57,6 +57,7 @@ type Options struct {
 	workers   int
 	asJSON    bool
 	runArgs   []string
+	waiting   int
 
 	outageAt, outageFor     time.Duration
 	outageStop, outageStart string
@@ -75,6 +76,7 @@ func (o *Options) Register(f *pflag.FlagSet) {
 	f.IntVar(&o.workers, "order-workers", 32, "concurrent order and payment transactions at most")
 	f.BoolVar(&o.asJSON, "json", false, "end with one JSON object on the last line of stdout")
 	f.StringArrayVar(&o.runArgs, "run-arg", nil, "pass this flag on to the delaybridge run process (repeatable)")
+	f.IntVar(&o.waiting, "waiting", 0, "tasks loaded before the orders start, due after the soak ends")
 	f.DurationVar(&o.outageAt, "outage-at", 0, "stop the broker this long after the start (0 = no outage)")
 	f.DurationVar(&o.outageFor, "outage-for", 0, "start the broker again after this long")
 	f.StringVar(&o.outageStop, "outage-stop", "", "shell command that stops the broker")
@@ -91,6 +93,8 @@ func (o *Options) check() error {
 		return fmt.Errorf("--pay-ratio %v, --pay-last-share %v: need 0 to 1", o.payRatio, o.lastShare)
 	case o.lastWin < 0 || o.lastWin >= o.timeout:
 		return fmt.Errorf("--pay-last %v: need 0 or more and less than --timeout %v", o.lastWin, o.timeout)
+	case o.waiting < 0:
+		return fmt.Errorf("--waiting %d: need 0 or more", o.waiting)
 	case o.workers < 1:
 		return fmt.Errorf("--order-workers %d: need 1 or more", o.workers)
 	case o.outageAt < 0 || o.outageFor < 0:
@@ -133,6 +137,14 @@ func Run(ctx context.Context, env Env, o *Options) error {
 	if err := s.setup(ctx); err != nil {
 		return err
 	}
+	if err := s.loadWaiting(ctx); err != nil {
+		return errors.Join(err, s.deleteWaiting(context.WithoutCancel(ctx)))
+	}
+	defer func() {
+		if err := s.deleteWaiting(context.WithoutCancel(ctx)); err != nil {
+			env.Log.Warn("soak: the waiting tasks stay", "topic", WaitingTopic, "err", err)
+		}
+	}()
 	if err := ses.Clients.Ensure(ctx, Topic, broker.DefaultDeadTopic); err != nil {
 		return err
 	}
@@ -213,6 +225,9 @@ func (s *soak) setup(ctx context.Context) error {
 	}
 	if _, err := s.db.ExecContext(ctx, "DELETE FROM delay_task WHERE topic = ?", Topic); err != nil {
 		return fmt.Errorf("soak: setup: %w", err)
+	}
+	if err := s.deleteWaiting(ctx); err != nil {
+		return err
 	}
 	s.minute = &window{}
 	return nil
@@ -344,6 +359,8 @@ func (s *soak) run(ctx context.Context) error {
 	}
 	due := &s.due
 	var reports []report
+	// The soak's clock starts with its first order, after any load.
+	s.start = time.Now()
 	tick := time.NewTicker(o.every)
 	defer tick.Stop()
 	every := time.Duration(float64(time.Second) / o.rate)
@@ -575,9 +592,10 @@ func (s *soak) measurePeak(ctx context.Context) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// waiting is the cancel tasks neither handled nor cancelled by a payment.
+// waiting is the cancel tasks neither handled nor cancelled by a payment,
+// and those --waiting loaded.
 func (s *soak) waiting() int64 {
-	return s.created.Load() - s.paid.Load() - s.cancelled.Load()
+	return int64(s.o.waiting) + s.created.Load() - s.paid.Load() - s.cancelled.Load()
 }
 
 // report is one window's line.
