@@ -38,12 +38,18 @@ func RefreshStats(ctx context.Context, db *sql.DB, grace time.Duration) error {
 	if err := db.QueryRowContext(ctx, "SELECT "+store.DBNowMS).Scan(&computed); err != nil {
 		return fmt.Errorf("outbox: refresh stats: %w", err)
 	}
-	counts, err := store.CountTasks(ctx, db)
-	if err != nil {
+	// The counts read every row: on a connection whose statement ends
+	// with ctx, so a daemon that stops leaves no count running.
+	var counts map[string]map[string]int
+	var overdue int
+	if err := store.OnConn(ctx, db, func(q store.Querier) error {
+		var err error
+		if counts, err = store.CountTasks(ctx, q); err != nil {
+			return err
+		}
+		overdue, err = store.CountOverdue(ctx, q, start, grace)
 		return err
-	}
-	overdue, err := store.CountOverdue(ctx, db, start, grace)
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	took := time.Since(start)
