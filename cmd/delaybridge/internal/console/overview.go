@@ -2,6 +2,8 @@ package console
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -170,14 +172,65 @@ func overviewTotal(shards []shardOverview) overviewTotals {
 
 // TimeOverview reads what the console's overview shows of db, as a request
 // for it would, and returns how long that took: soak times it at the peak.
-func TimeOverview(ctx context.Context, db outbox.Querier, grace time.Duration) (time.Duration, error) {
+func TimeOverview(ctx context.Context, db *sql.DB, grace time.Duration) (time.Duration, error) {
 	start := time.Now()
 	_, err := readOverview(ctx, db, start, grace)
 	return time.Since(start), err
 }
 
-// readOverview reads the overview of one database.
-func readOverview(ctx context.Context, db outbox.Querier, now time.Time, grace time.Duration) (*overviewData, error) {
+// readOverview reads the overview of one database. Its four parts (the
+// figures and signals, what falls due, the lateness, the rescues) are read
+// at once, on connections of their own: each walks a bounded range of an
+// index, and the page waits for the longest, not for their sum.
+func readOverview(ctx context.Context, db *sql.DB, now time.Time, grace time.Duration) (*overviewData, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg                       sync.WaitGroup
+		due                      []int
+		capped                   bool
+		late                     []ops.Lateness
+		rescDone, rescPub        ops.RescueSample
+		dueErr, lateErr, rescErr error
+	)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		due, capped, dueErr = ops.DueCounts(ctx, db, now, time.Hour, overviewBuckets, dueCap)
+	}()
+	go func() {
+		defer wg.Done()
+		late, lateErr = ops.LatenessSeries(ctx, db, now, time.Hour, overviewBuckets)
+	}()
+	go func() {
+		defer wg.Done()
+		rescDone, rescPub, rescErr = ops.Rescues(ctx, db, now, time.Hour)
+	}()
+	d, err := readFigures(ctx, db, now, grace)
+	if err != nil {
+		cancel()
+	}
+	wg.Wait()
+	if err := errors.Join(err, dueErr, lateErr, rescErr); err != nil {
+		return nil, err
+	}
+	d.RescDone, d.RescPub = rescDone, rescPub
+	d.DueCapped = capped
+	for _, n := range due {
+		d.DueTotal += n
+	}
+	d.Due = newBarChart(due, func(i int) string { return fmt.Sprintf("+%dm", i*60/overviewBuckets) })
+	width := time.Hour / overviewBuckets
+	for i, l := range late {
+		from := now.Add(-time.Hour + time.Duration(i)*width)
+		d.LateRows = append(d.LateRows, latenessRow{From: from, To: from.Add(width), L: l})
+	}
+	d.Lateness = newLatenessChart(late, func(i int) string { return fmt.Sprintf("-%dm", 60-i*60/overviewBuckets) })
+	return d, nil
+}
+
+// readFigures reads the overview's figures, signals and backlog by topic.
+func readFigures(ctx context.Context, db outbox.Querier, now time.Time, grace time.Duration) (*overviewData, error) {
 	st, err := ops.ReadStats(ctx, db, now, grace, time.Hour)
 	if err != nil {
 		return nil, err
@@ -208,28 +261,5 @@ func readOverview(ctx context.Context, db outbox.Querier, now time.Time, grace t
 		d.Backlog = append(d.Backlog, *row)
 	}
 	slices.SortFunc(d.Backlog, func(a, b backlogRow) int { return strings.Compare(a.Topic, b.Topic) })
-
-	due, capped, err := ops.DueCounts(ctx, db, now, time.Hour, overviewBuckets, dueCap)
-	if err != nil {
-		return nil, err
-	}
-	d.DueCapped = capped
-	for _, n := range due {
-		d.DueTotal += n
-	}
-	d.Due = newBarChart(due, func(i int) string { return fmt.Sprintf("+%dm", i*60/overviewBuckets) })
-	late, err := ops.LatenessSeries(ctx, db, now, time.Hour, overviewBuckets)
-	if err != nil {
-		return nil, err
-	}
-	width := time.Hour / overviewBuckets
-	for i, l := range late {
-		from := now.Add(-time.Hour + time.Duration(i)*width)
-		d.LateRows = append(d.LateRows, latenessRow{From: from, To: from.Add(width), L: l})
-	}
-	d.Lateness = newLatenessChart(late, func(i int) string { return fmt.Sprintf("-%dm", 60-i*60/overviewBuckets) })
-	if d.RescDone, d.RescPub, err = ops.Rescues(ctx, db, now, time.Hour); err != nil {
-		return nil, err
-	}
 	return d, nil
 }
