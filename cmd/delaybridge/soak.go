@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -23,8 +25,9 @@ it creates --orders-rate orders a second, each scheduling its cancellation
 --timeout later in the order's own transaction, and pays --pay-ratio of them at
 a random moment before the timeout (--pay-last-share of them within the last
 --pay-last, or a tenth of it past the timeout), each payment cancelling the task
-in its own transaction and refused when the cancellation already ran. One order in twenty also runs the
-same transactions without Schedule and Cancel, the yardstick beside them.
+in its own transaction and refused when the cancellation already ran. One
+order in twenty also runs the same transactions as yardsticks: without
+Schedule and Cancel, and with a bare indexed row in their place.
 
 It starts "delaybridge run" as a process of its own, with the broker flags given
 here and each --run-arg, and consumes the cancellations itself, as a service
@@ -66,7 +69,11 @@ show the seeds' figures.`,
 					return env
 				},
 			}
-			return soak.Run(cmd.Context(), env, o)
+			// Interrupted, soak still stops its run process and deletes
+			// the tasks --waiting wrote.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return soak.Run(ctx, env, o)
 		},
 	}
 	bf.register(cmd.Flags())

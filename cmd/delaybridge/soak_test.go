@@ -35,7 +35,13 @@ func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 			Waiting                         int64 `json:"waiting_tasks"`
 			StatusMS, MetricsMS, OverviewMS float64
 		}
-		Windows []json.RawMessage
+		Windows []struct {
+			Order  struct{ Count int } `json:"order_tx_us"`
+			Plain  struct{ Count int } `json:"order_tx_without_schedule_us"`
+			Row    struct{ Count int } `json:"order_tx_with_a_bare_row_us"`
+			Pay    struct{ Count int } `json:"payment_tx_us"`
+			PayRow struct{ Count int } `json:"payment_tx_with_a_bare_row_us"`
+		}
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\n%s", err, out)
@@ -49,6 +55,15 @@ func TestSoak_ARunEndToEndKeepsEveryInvariant(t *testing.T) {
 	}
 	if res.Peak == nil || len(res.Windows) < 3 {
 		t.Fatalf("peak %v, %d windows: want the peak's timings and a window every 3 s", res.Peak, len(res.Windows))
+	}
+	// One order in twenty also ran the yardsticks: without Schedule and
+	// Cancel, and with a bare row of its own in their place.
+	var orders, plain, row, pays, payRows int
+	for _, w := range res.Windows {
+		orders, plain, row, pays, payRows = orders+w.Order.Count, plain+w.Plain.Count, row+w.Row.Count, pays+w.Pay.Count, payRows+w.PayRow.Count
+	}
+	if plain < orders/25 || row < orders/25 || payRows == 0 || payRows > pays {
+		t.Errorf("%d orders, %d plain and %d bare-row yardsticks; %d payments, %d bare-row: want one order in 20 timed both ways", orders, plain, row, pays, payRows)
 	}
 	// The loaded tasks counted as waiting at the peak, and soak deleted
 	// them when it ended.

@@ -200,8 +200,8 @@ type soak struct {
 
 // window is one report's worth of samples (µs, lateness in ms).
 type window struct {
-	orderTx, plainOrderTx, payTx, plainPayTx, lateness []int64
-	created, paid, refused, cancelled                  int64
+	orderTx, plainOrderTx, rowOrderTx, payTx, plainPayTx, rowPayTx, lateness []int64
+	created, paid, refused, cancelled                                        int64
 }
 
 // peak is what soak measured when most tasks were waiting.
@@ -217,7 +217,9 @@ func (s *soak) setup(ctx context.Context) error {
 		`CREATE TABLE IF NOT EXISTS soak_orders (id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL,
   expire_ms BIGINT NOT NULL, paid_ms BIGINT NULL, cancelled_ms BIGINT NULL, effects INT NOT NULL DEFAULT 0) ENGINE = InnoDB`,
 		`CREATE TABLE IF NOT EXISTS soak_plain (id VARCHAR(64) NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL) ENGINE = InnoDB`,
-		"DELETE FROM soak_orders", "DELETE FROM soak_plain",
+		`CREATE TABLE IF NOT EXISTS soak_plain_row (id VARCHAR(64) NOT NULL PRIMARY KEY, state VARCHAR(16) NOT NULL, due_ms BIGINT NOT NULL,
+  KEY ix_soak_plain_row (state, due_ms)) ENGINE = InnoDB`,
+		"DELETE FROM soak_orders", "DELETE FROM soak_plain", "DELETE FROM soak_plain_row",
 	} {
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("soak: setup: %w", err)
@@ -480,13 +482,34 @@ func (s *soak) create(ctx context.Context, key string, now time.Time, plain bool
 		s.pmu.Unlock()
 	}
 	if plain {
-		took, err := s.tx(ctx, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, "INSERT INTO soak_plain (id, status) VALUES (?, 'UNPAID')", key)
+		order := func(tx *sql.Tx, id string) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO soak_plain (id, status) VALUES (?, 'UNPAID')", id)
 			return err
-		})
-		if err == nil {
-			s.note(func(w *window) { w.plainOrderTx = append(w.plainOrderTx, took) })
 		}
+		s.yardsticks(ctx, key, order, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO soak_plain_row (id, state, due_ms) VALUES (?, 'pending', ?)", key, now.Add(s.o.timeout).UnixMilli())
+			return err
+		}, func(w *window) *[]int64 { return &w.plainOrderTx }, func(w *window) *[]int64 { return &w.rowOrderTx })
+	}
+}
+
+// yardsticks times the business transaction biz alone on the row key,
+// then on a row of its own with row, a bare indexed row written where
+// Schedule or Cancel would write the task: the first is the cost without
+// delaybridge, the second what any second row costs on this box. Their
+// samples go where plain and withRow say.
+func (s *soak) yardsticks(ctx context.Context, key string, biz func(*sql.Tx, string) error, row func(*sql.Tx) error, plain, withRow func(*window) *[]int64) {
+	if took, err := s.tx(ctx, func(tx *sql.Tx) error { return biz(tx, key) }); err == nil {
+		s.note(func(w *window) { *plain(w) = append(*plain(w), took) })
+	}
+	took, err := s.tx(ctx, func(tx *sql.Tx) error {
+		if err := row(tx); err != nil {
+			return err
+		}
+		return biz(tx, key+"/r")
+	})
+	if err == nil {
+		s.note(func(w *window) { *withRow(w) = append(*withRow(w), took) })
 	}
 }
 
@@ -524,13 +547,14 @@ func (s *soak) pay(ctx context.Context, p payment) {
 		s.note(func(w *window) { w.paid++; w.payTx = append(w.payTx, took) })
 	}
 	if p.plain {
-		took, err := s.tx(ctx, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, "UPDATE soak_plain SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", p.key)
+		pay := func(tx *sql.Tx, id string) error {
+			_, err := tx.ExecContext(ctx, "UPDATE soak_plain SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'", id)
 			return err
-		})
-		if err == nil {
-			s.note(func(w *window) { w.plainPayTx = append(w.plainPayTx, took) })
 		}
+		s.yardsticks(ctx, p.key, pay, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "UPDATE soak_plain_row SET state = 'cancelled' WHERE id = ? AND state = 'pending'", p.key)
+			return err
+		}, func(w *window) *[]int64 { return &w.plainPayTx }, func(w *window) *[]int64 { return &w.rowPayTx })
 	}
 }
 
@@ -609,8 +633,10 @@ type report struct {
 	Lateness     percentile.Summary `json:"lateness_ms"`
 	OrderTx      percentile.Summary `json:"order_tx_us"`
 	PlainOrderTx percentile.Summary `json:"order_tx_without_schedule_us"`
+	RowOrderTx   percentile.Summary `json:"order_tx_with_a_bare_row_us"`
 	PayTx        percentile.Summary `json:"payment_tx_us"`
 	PlainPayTx   percentile.Summary `json:"payment_tx_without_cancel_us"`
+	RowPayTx     percentile.Summary `json:"payment_tx_with_a_bare_row_us"`
 	TableMiB     float64            `json:"delay_task_data_mib"`
 	IndexMiB     float64            `json:"delay_task_index_mib"`
 	Procs        []procUsage        `json:"processes"`
@@ -630,14 +656,16 @@ func (s *soak) report(ctx context.Context, now time.Time, i int) report {
 	s.mu.Unlock()
 	r := report{Window: i + 1, Created: w.created, Paid: w.paid, Refused: w.refused, Cancelled: w.cancelled, Waiting: s.waiting(),
 		Lateness: percentile.Summarize(w.lateness), OrderTx: percentile.Summarize(w.orderTx), PlainOrderTx: percentile.Summarize(w.plainOrderTx),
-		PayTx: percentile.Summarize(w.payTx), PlainPayTx: percentile.Summarize(w.plainPayTx)}
+		RowOrderTx: percentile.Summarize(w.rowOrderTx), PayTx: percentile.Summarize(w.payTx), PlainPayTx: percentile.Summarize(w.plainPayTx),
+		RowPayTx: percentile.Summarize(w.rowPayTx)}
 	var data, index sql.NullInt64
 	_ = s.db.QueryRowContext(ctx, "SELECT data_length, index_length FROM information_schema.TABLES WHERE table_schema = DATABASE() AND table_name = 'delay_task'").Scan(&data, &index)
 	r.TableMiB, r.IndexMiB = float64(data.Int64)/(1<<20), float64(index.Int64)/(1<<20)
 	r.Procs = s.procUsage(now)
-	fmt.Fprintf(s.env.Stderr, "%3d: orders %d, paid %d (refused %d), cancelled %d, waiting %d; lateness ms p50 %d p99 %d max %d; order tx p99 %.1f ms (%.1f without Schedule), payment p99 %.1f ms (%.1f without Cancel); delay_task %.0f+%.0f MiB;",
+	fmt.Fprintf(s.env.Stderr, "%3d: orders %d, paid %d (refused %d), cancelled %d, waiting %d; lateness ms p50 %d p99 %d max %d; order tx p99 %.1f ms (%.1f without Schedule, %.1f with a bare row), payment p99 %.1f ms (%.1f without Cancel, %.1f with a bare row); delay_task %.0f+%.0f MiB;",
 		r.Window, r.Created, r.Paid, r.Refused, r.Cancelled, r.Waiting, r.Lateness.P50, r.Lateness.P99, r.Lateness.Max,
-		float64(r.OrderTx.P99)/1000, float64(r.PlainOrderTx.P99)/1000, float64(r.PayTx.P99)/1000, float64(r.PlainPayTx.P99)/1000, r.TableMiB, r.IndexMiB)
+		float64(r.OrderTx.P99)/1000, float64(r.PlainOrderTx.P99)/1000, float64(r.RowOrderTx.P99)/1000,
+		float64(r.PayTx.P99)/1000, float64(r.PlainPayTx.P99)/1000, float64(r.RowPayTx.P99)/1000, r.TableMiB, r.IndexMiB)
 	for _, p := range r.Procs {
 		fmt.Fprintf(s.env.Stderr, " %s %.2f cores %.0f MiB;", p.Name, p.CPU, p.RSSMiB)
 	}

@@ -2,12 +2,15 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/delaybridge/delaybridge/internal/outbox"
 )
@@ -98,12 +101,18 @@ func (s *soak) scheduleWaiting(ctx context.Context, tasks []outbox.Task) error {
 }
 
 // deleteWaiting deletes every task of WaitingTopic, waitingDeleteBy rows
-// a statement so no transaction holds millions of row locks.
+// a statement so no transaction holds millions of row locks. A statement
+// the server picks as a deadlock's victim (another soak deleting the same
+// rows) runs again.
 func (s *soak) deleteWaiting(ctx context.Context) error {
 	deleted := int64(0)
 	start := time.Now()
-	for {
+	for victims := 0; ; {
 		res, err := s.db.ExecContext(ctx, "DELETE FROM delay_task WHERE topic = ? LIMIT ?", WaitingTopic, waitingDeleteBy)
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 && victims < 10 {
+			victims++
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("soak: delete the waiting tasks: %w", err)
 		}
