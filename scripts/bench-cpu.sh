@@ -11,7 +11,8 @@
 # much of that was steal (a virtual machine's cores given to another guest)
 # and the CPU a task took there, steal left out. With
 # --floor it prints that for the floor's run too (the database alone, just
-# before), so the two windows compare in one run. Waits for the database to
+# before), so the two windows compare in one run. It also prints MariaDB's
+# statements, commits and rows per task. Waits for the database to
 # go quiet first (InnoDB purges what earlier runs left).
 # Needs the local services (scripts/services.sh up) and bin/delaybridge.
 set -euo pipefail
@@ -74,6 +75,11 @@ sampler=$!
 
 declare -A before
 while read -r name pid; do before[$name]="$pid $(ticks "$pid")"; done < <(pids)
+# MariaDB's statement and row counters, before and after: what the
+# database did per task (schedule, relay, consumer and the handler's row).
+counters="'Questions','Com_commit','Com_insert','Com_update','Com_select','Com_delete','Handler_write','Handler_update','Handler_delete','Handler_read_key','Handler_read_next','Innodb_data_fsyncs'"
+dbstatus() { mysql -uroot -N -B -e "SHOW GLOBAL STATUS WHERE Variable_name IN ($counters)" 2> /dev/null || true; }
+dbbefore=$(dbstatus)
 start=$(date +%s.%N)
 # The bench's own CPU comes from its JSON (process_cpu_s); its exit status
 # is reported, not fatal, so a run that lost tasks still shows its cost.
@@ -124,6 +130,11 @@ printf '%s' "$rows" | awk -v n="$tasks" -v cores="$(nproc)" -v secs="$elapsed" '
 		printf "%-18s %10.2f %14.0f\n", "total", total, total * 1e6 / n
 		printf "tasks %d in %ss; at 5,000 tasks/s this work needs %.2f cores, the box has %d: it carries at most %.0f tasks/s\n", n, secs, total / n * 5000, cores, cores * n / total
 	}'
+if [ -n "$dbbefore" ]; then
+	printf '\n%-22s %14s\n' "MariaDB counter" "per task"
+	awk -v n="$tasks" 'NR == FNR { b[$1] = $2; next } ($1 in b) { printf "%-22s %14.2f\n", $1, ($2 - b[$1]) / n }' \
+		<(echo "$dbbefore") <(dbstatus)
+fi
 # How busy the whole box was in the due window (from the first task due to
 # the last handled; a relay-only run has none). Near 100 % means lateness
 # was the cores' limit: the work due in the window waited for a core.
