@@ -108,11 +108,13 @@ func TestSoak_RefusesBadFlagsBeforeTouchingTheDatabase(t *testing.T) {
 // overdue; soak counts them when the outage ends and times their drain,
 // and every invariant still holds.
 func TestSoak_AnOutageIsMeasuredAndItsBacklogDrains(t *testing.T) {
-	// Orders for 9 s, due 2 s later; the relay stopped from 3 s to 7 s:
-	// the tasks due from 5 s on wait for it.
+	// Orders for 9 s, due 2 s later; the relay stopped from 4 s to 12 s:
+	// the tasks due from 6 s on wait for it. The last is due at 11 s, and
+	// the settle ends at 12 s, with the outage: soak must wait for the
+	// drain before it checks the orders, or it finds them lost.
 	out, stderr, _ := runSoak(t, "--orders-rate", "100", "--duration", "9s", "--timeout", "2s",
-		"--pay-ratio", "0.2", "--pay-last", "1s", "--report-every", "3s", "--settle", "5s",
-		"--outage-at", "3s", "--outage-for", "4s", "--outage-stop", "kill -STOP $SOAK_RUN_PID", "--outage-start", "kill -CONT $SOAK_RUN_PID")
+		"--pay-ratio", "0.2", "--pay-last", "1s", "--report-every", "3s", "--settle", "1s",
+		"--outage-at", "4s", "--outage-for", "8s", "--outage-stop", "kill -STOP $SOAK_RUN_PID", "--outage-start", "kill -CONT $SOAK_RUN_PID")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var res struct {
 		Lost, Early int64
@@ -134,9 +136,9 @@ func TestSoak_AnOutageIsMeasuredAndItsBacklogDrains(t *testing.T) {
 	if o == nil || o.Err != "" {
 		t.Fatalf("outage %+v: want one measured without error\nstderr: %s", o, stderr)
 	}
-	// About 160 due while the relay was stopped, less those paid.
-	if o.DownS < 3.5 || o.Backlog < o.Before+50 || o.DrainedS <= 0 || o.DrainRate <= 0 {
-		t.Errorf("outage %+v: want 4 s down, 50 or more tasks overdue when it ended, and their drain timed", o)
+	// About 500 due while the relay was stopped, less those paid.
+	if o.DownS < 7.5 || o.Backlog < o.Before+50 || o.DrainedS <= 0 || o.DrainRate <= 0 {
+		t.Errorf("outage %+v: want 8 s down, 50 or more tasks overdue when it ended, and their drain timed", o)
 	}
 	if res.Lost+res.DupEffects+res.Early+res.PaidCancel != 0 {
 		t.Errorf("invariants broken across the outage: %+v", res)

@@ -370,9 +370,13 @@ func (s *soak) run(ctx context.Context) error {
 	end := s.start.Add(o.duration)
 	lastExpire := end.Add(o.timeout)
 	stopOutage := func() {}
-	if o.outageAt > 0 {
+	// ow is closed once the outage is measured: its backlog drained, or
+	// it failed. With no outage there is nothing to wait for.
+	ow := make(chan struct{})
+	if o.outageAt == 0 {
+		close(ow)
+	} else {
 		octx, cancel := context.WithCancel(ctx)
-		ow := make(chan struct{})
 		go func() { defer close(ow); s.runOutage(octx) }()
 		stopOutage = func() { cancel(); <-ow }
 		defer stopOutage()
@@ -382,7 +386,10 @@ func (s *soak) run(ctx context.Context) error {
 	defer paceT.Stop()
 	for {
 		now := time.Now()
-		if now.After(lastExpire.Add(o.settle)) || ctx.Err() != nil {
+		if ctx.Err() != nil || now.After(lastExpire.Add(o.settle+drainWait)) {
+			break
+		}
+		if now.After(lastExpire.Add(o.settle)) && closed(ow) {
 			break
 		}
 		// Payments that are due go to the workers.
@@ -435,6 +442,21 @@ func (s *soak) run(ctx context.Context) error {
 	}
 	reports = append(reports, s.report(ctx, time.Now(), len(reports)))
 	return s.summary(ctx, reports)
+}
+
+// drainWait is how long past --settle soak waits for an outage's backlog
+// to drain before it checks the orders: a task still in it would count as
+// lost.
+const drainWait = 15 * time.Minute
+
+// closed reports whether c is closed.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // submit hands f to a worker; false when ctx ended first.
