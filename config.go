@@ -55,7 +55,9 @@ type Config struct {
 	Consumer broker.ConsumerConfig
 	// Relay, when not nil, makes a Client also run the relay in its
 	// process with this configuration, for a service that is its own
-	// daemon. Leave it nil where delaybridge run is deployed.
+	// daemon. Leave it nil where delaybridge run is deployed. A scanner
+	// must run somewhere (Scanner, or delaybridge run): it re-publishes
+	// what a relay that died mid-batch had claimed.
 	Relay *RelayConfig
 	// Scanner, when not nil, makes a Client also run the scanner in its
 	// process with this configuration (see Relay).

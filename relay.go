@@ -32,9 +32,6 @@ type RelayConfig struct {
 	// MaxBatchBytes bounds the payload bytes one claim holds in memory
 	// (--relay-batch-bytes).
 	MaxBatchBytes int64
-	// Lease is how long a claim owns its rows before another relay may
-	// take them; it must outlast PublishTimeout.
-	Lease time.Duration
 	// Topics, when not empty, lists the only topics the relay publishes;
 	// a row of another goes dead without reaching the broker
 	// (--relay-topics).
@@ -65,7 +62,6 @@ func (c RelayConfig) outbox() outbox.RelayConfig {
 		RetryMax:       c.RetryMax,
 		PublishTimeout: c.PublishTimeout,
 		MaxBatchBytes:  c.MaxBatchBytes,
-		Lease:          c.Lease,
 		Topics:         c.Topics,
 		MaxTopics:      c.MaxTopics,
 		MaxRate:        c.MaxRate,

@@ -285,10 +285,11 @@ func marksTaskDead(reason error) bool {
 // re-publishes it with its attempt, so MaxAttempts holds across rescues.
 // Rows are matched as DeadLetter matches them.
 //
-// A row still pending (a message handled before the relay recorded its
-// publish) becomes published here, its lease gone: the broker holds a
-// message for it, and the relay's record of the publish, which would
-// clear next_attempt_ms, then leaves the row alone.
+// A row still pending (a message handled though the relay's claim did not
+// commit) becomes published here. The row's lease goes: the broker holds
+// a message for it, and the consumer decides its fate from now, so a
+// publish failure the relay records late (a confirm lost on the way back)
+// leaves it alone rather than put it back to pending.
 func RecordRetry(db *sql.DB) broker.RetryRecorder {
 	return func(ctx context.Context, m *broker.Message, cause error) error {
 		if m.TaskID == 0 {
@@ -302,7 +303,7 @@ func RecordRetry(db *sql.DB) broker.RetryRecorder {
 		// MariaDB assigns left to right: state changes last, after the
 		// assignments that read the old one.
 		if _, err := db.ExecContext(ctx, `UPDATE delay_task SET attempts = attempts + 1, next_attempt_ms = ?, last_error = ?, updated_ms = ?,
-  published_ms = IF(state = 'pending', ?, published_ms), lease_owner = IF(state = 'pending', 0, lease_owner), state = 'published'
+  published_ms = IF(state = 'pending', ?, published_ms), lease_owner = 0, state = 'published'
 WHERE id = ? AND topic = ? AND task_key = ? AND generation = ? AND state IN ('pending', 'published')`,
 			m.DeliverAt.UnixMilli(), store.Truncate(why, 1024), now, now, m.TaskID, m.Topic, []byte(m.Key), m.Generation); err != nil {
 			return fmt.Errorf("outbox: record retry of %s/%s: %w", m.Topic, m.Key, err)

@@ -91,32 +91,36 @@ func TestRelay_CancelAndRescheduleWhilePublishingWinAndNeverWait(t *testing.T) {
 	}
 }
 
-// A claim whose lease expired (its relay hung) records nothing over the
-// claim that took the row next.
-func TestRelay_ExpiredClaimCannotOverwriteTheNextOwner(t *testing.T) {
+// A relay's claim whose lease expired (its relay hung) records nothing
+// over the scanner's rescue that took the row next: the row stays
+// published, the rescue counted.
+func TestRelay_ExpiredClaimCannotOverwriteTheScannersRescue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: time.Now().Add(-time.Millisecond)})
-	claim := func(owner int64, now time.Time) []store.Claimed {
-		c, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
-			PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
-		if err != nil || len(c) != 1 {
-			t.Fatalf("claim by %d: %d rows, %v", owner, len(c), err)
-		}
-		return c
+	due := time.Now().Add(-time.Millisecond)
+	b.schedule(t, outbox.Task{Topic: "lease", Key: "k", DueAt: due})
+	now := time.Now()
+	hung, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
+		PublishedAtMost: 1<<63 - 1, Limit: 10, Owner: 1, LeaseUntil: now.Add(time.Minute).UnixMilli(), HandOffAt: now.UnixMilli()})
+	if err != nil || len(hung) != 1 {
+		t.Fatalf("relay claim: %d rows, %v", len(hung), err)
 	}
-	hung := claim(1, time.Now())
-	next := claim(2, time.Now().Add(2*time.Minute))
-	// The hung relay wakes up and records a failure; the next owner then
-	// records its confirm.
-	if n, err := store.MarkFailed(b.ctx, b.db, 1, store.Pending, hung, time.Now().UnixMilli(), time.Hour, time.Hour, 0, "publish failed: late"); err != nil || n != 0 {
+	later := now.Add(2 * time.Minute).UnixMilli()
+	rescue, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Published, DueAtMost: later, ReadyAtMost: later,
+		PublishedAtMost: later, Limit: 10, Owner: 2, LeaseUntil: later + 60000})
+	if err != nil || len(rescue) != 1 {
+		t.Fatalf("scanner claim after the lease: %d rows, %v", len(rescue), err)
+	}
+	// The hung relay wakes up and records a failure; the scanner then
+	// records its rescue.
+	if n, err := store.MarkHandOffFailed(b.ctx, b.db, 1, hung, time.Now().UnixMilli(), time.Hour, time.Hour, "publish failed: late"); err != nil || n != 0 {
 		t.Fatalf("the expired claim changed %d rows (%v), want 0", n, err)
 	}
-	if n, err := store.MarkPublished(b.ctx, b.db, 2, store.Pending, next, time.Now().UnixMilli()); err != nil || n != 1 {
-		t.Fatalf("the current owner marked %d rows (%v), want 1", n, err)
+	if n, err := store.MarkRescued(b.ctx, b.db, 2, rescue, time.Now().UnixMilli(), 10*time.Second, time.Hour); err != nil || n != 1 {
+		t.Fatalf("the scanner recorded %d rescues (%v), want 1", n, err)
 	}
-	if info, _ := outbox.Get(b.ctx, b.db, "lease", "k"); info.State != outbox.StatePublished || info.LastError != "" {
-		t.Fatalf("after both: state %s, last error %q", info.State, info.LastError)
+	if info, _ := outbox.Get(b.ctx, b.db, "lease", "k"); info.State != outbox.StatePublished || info.LastError != "" || info.Rescues != 1 {
+		t.Fatalf("after both: state %s, last error %q, %d rescues", info.State, info.LastError, info.Rescues)
 	}
 }
 
@@ -139,15 +143,6 @@ func TestRelay_HungBrokerFailsTheBatchAtPublishTimeout(t *testing.T) {
 	}
 	if err := b.inShortLockWait(b.ctx, func(q outbox.Querier) error { return outbox.Cancel(b.ctx, q, "hung", "k") }); err != nil {
 		t.Fatalf("cancel after a hung publish: %v", err)
-	}
-}
-
-func TestNewRelay_RefusesALeaseShorterThanThePublishTimeout(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	_, err := outbox.NewRelay(b.db, memory.New(memory.Config{}), outbox.RelayConfig{PublishTimeout: time.Minute, Lease: 30 * time.Second})
-	if err == nil {
-		t.Fatal("NewRelay accepted a lease shorter than the publish timeout")
 	}
 }
 
@@ -184,6 +179,8 @@ func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
 // When marking an invalid row dead fails, the valid rows claimed with it
 // are published all the same, and Once reports the failure. (Returning at
 // the failure left them leased and unpublished for a whole lease.) The
+// invalid row stays as the claim left it, published under its lease: the
+// scanner's re-publish, which the broker refuses, marks it dead. The
 // scratch database refuses the dead mark through a trigger.
 func TestRelay_ValidRowsGoOutWhenMarkingAnInvalidOneDeadFails(t *testing.T) {
 	t.Parallel()
@@ -202,8 +199,8 @@ IF NEW.state = 'dead' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'dead refu
 	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
 		t.Fatal("the valid row was not published beside the invalid one")
 	}
-	if got := b.count(t, "task_key = 'epoch' AND state = 'pending' AND lease_owner <> 0"); got != 1 {
-		t.Fatal("the invalid row is not left leased for a later claim")
+	if got := b.count(t, "task_key = 'epoch' AND state = 'published' AND lease_owner <> 0"); got != 1 {
+		t.Fatal("the invalid row is not left as the claim left it, for the scanner")
 	}
 }
 
@@ -330,11 +327,11 @@ func TestRelay_AQuietProbeSlowsDownAndANudgeSpeedsItUp(t *testing.T) {
 	}
 }
 
-// A message the consumer failed before the relay recorded its publish
-// (a task due at once on a fast broker) keeps its retry's wait: the
-// relay's record of the publish, which clears next_attempt_ms, would
-// otherwise let the scanner re-publish the task long before its backoff
-// ended.
+// A message the consumer failed while the relay was still publishing (a
+// task due at once on a fast broker) keeps its retry's wait, and the row
+// is the consumer's from then on: no lease, so a failure the relay records
+// afterwards (a confirm lost on the way back) cannot put the row back to
+// pending and publish it before its backoff ended.
 func TestRelay_LeavesARetryRecordedBeforeItsPublishRecord(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -80,18 +80,14 @@ type RelayConfig struct {
 	RetryInitial, RetryMax time.Duration
 	// PublishTimeout bounds one batch's publish: a broker that is down or
 	// blocked (a memory alarm) fails the batch then, and its rows are
-	// retried with backoff. Default 10s.
+	// retried with backoff. It is also the claim's lease: the scanner
+	// leaves a relay's claimed rows alone until PublishTimeout past the
+	// claim, plus its grace. Default 10s.
 	PublishTimeout time.Duration
 	// MaxBatchBytes bounds the payload bytes one claim holds in memory;
 	// a claim stops taking rows at it (but always takes one). Default
 	// DefaultMaxBatchBytes.
 	MaxBatchBytes int64
-	// Lease is how long a claim owns its rows before another claim may take
-	// them; it must outlast PublishTimeout, so only a relay that died
-	// mid-batch ever loses its rows to another. Default DefaultLease, or
-	// PublishTimeout plus 10 s (the time its outcome may take to record)
-	// where that is longer.
-	Lease time.Duration
 	// Topics, when not empty, lists the only topics the relay publishes:
 	// a row of any other goes dead ("topic refused: …") without reaching
 	// the broker, where every topic costs a queue (docs/brokers.md). With
@@ -124,10 +120,8 @@ type RelayConfig struct {
 
 // RelayHooks are called after each claim, for metrics.
 type RelayHooks struct {
-	// Published reports messages the broker confirmed and the relay
-	// recorded as published, and how long their publish took. A message
-	// whose row could not be marked is published again once its lease
-	// expires, and reported then.
+	// Published reports messages the broker confirmed, and how long
+	// their publish took. Their rows were marked published by the claim.
 	Published func(n int, took time.Duration)
 	// Failed reports rows whose publish failed transiently.
 	Failed func(n int)
@@ -166,9 +160,6 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = DefaultPublishTimeout
-	}
-	if c.Lease <= 0 {
-		c.Lease = max(DefaultLease, c.PublishTimeout+store.RecordTimeout)
 	}
 	if c.MaxBatchBytes <= 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
@@ -223,15 +214,19 @@ const (
 	DefaultMaxTopics = 64
 )
 
-// Relay moves pending tasks into a broker. It leases a batch of rows in a
-// short transaction (ClaimLeased; its claim loops start publishing while
-// that transaction's commit is still being flushed), publishes them with a
-// deadline, and marks each published only after the broker confirmed it,
-// the lease committed, and only while the row is still its own. No lock
-// waits on a broker that is slow or down, so the business transactions that cancel
-// or reschedule tasks never wait on one. A relay that dies at any point
-// leaves its rows pending; they are claimed again when the lease expires,
-// and a row may then be published twice, which Handle makes harmless.
+// Relay moves pending tasks into a broker. It claims a batch of rows in a
+// short transaction that leases them and marks them published in one
+// write (ClaimLeased with HandOffAt; its claim loops start publishing
+// while that transaction's commit is still being flushed), and publishes
+// them with a deadline. A confirmed row is then recorded already; a row
+// the broker did not confirm goes back to pending, once the claim
+// committed and only while the row is still its own. No lock waits on a
+// broker that is slow or down, so the business transactions that cancel
+// or reschedule tasks never wait on one. A relay that dies after its
+// claim leaves published rows with no message behind them; the scanner
+// publishes them again once they are overdue, as it does a message a
+// broker lost. A row may then be published twice, which Handle makes
+// harmless.
 type Relay struct {
 	db    *sql.DB
 	pub   broker.Publisher
@@ -399,9 +394,6 @@ func (c RelayConfig) resolve(limits broker.Limits) (RelayConfig, error) {
 	}
 	if cfg.MaxRate < 0 || math.IsNaN(cfg.MaxRate) || math.IsInf(cfg.MaxRate, 0) {
 		return cfg, fmt.Errorf("outbox: NewRelay: MaxRate %v: want rows a second, or 0 for no bound", cfg.MaxRate)
-	}
-	if cfg.Lease <= cfg.PublishTimeout {
-		return cfg, fmt.Errorf("outbox: NewRelay: Lease %v must be longer than PublishTimeout %v, or another relay takes rows still being published", cfg.Lease, cfg.PublishTimeout)
 	}
 	for _, t := range cfg.Topics {
 		if err := broker.ValidateTopic(t); err != nil {
@@ -620,7 +612,8 @@ func (r *Relay) claim(ctx context.Context, urgent bool) (int, error) {
 // (ClaimLeased), the publish has PublishTimeout, and each outcome is
 // recorded only on rows the claim still owns: a task cancelled or
 // rescheduled meanwhile keeps what its owner did. If ctx ends mid-publish,
-// the rows the broker did not confirm are released for the next claim.
+// the rows the broker did not confirm go back to pending for the next
+// claim.
 func (r *Relay) Once(ctx context.Context) (int, error) { return r.once(ctx, false) }
 
 // once is Once; a claim loop's (loop true) may resume where the loops'
@@ -646,10 +639,15 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 		limit = now.Add(r.cfg.Lookahead).UnixMilli()
 	}
 	owner := store.NewLeaseOwner()
+	// The claim records the hand-off: a confirmed publish writes nothing
+	// more, and a relay that dies before its publish leaves published
+	// rows the scanner re-publishes once they are overdue. Published, a
+	// row is no other relay's to claim; its lease keeps the scanner off
+	// it until the publish has timed out.
 	spec := store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
-		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.Lease).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
-		Topic: topic,
+		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.PublishTimeout).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
+		Topic: topic, HandOffAt: now.UnixMilli(),
 	}
 	if topic == "" {
 		spec.ExcludeTopics = r.limited
@@ -703,9 +701,11 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 	}
 	var deadErr error
 	for reason, rows := range invalid {
-		if _, err := store.MarkDead(ctx, r.db, owner, store.Pending, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
-			// The valid rows go out all the same; these keep their lease
-			// and are claimed, and marked dead, again when it expires.
+		if _, err := store.MarkHandOffDead(ctx, r.db, owner, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
+			// The valid rows go out all the same; these stay published
+			// and leased, and the scanner publishes them once overdue:
+			// every consumer refuses them, and a later claim of a relay
+			// marks them dead.
 			deadErr = errors.Join(deadErr, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err))
 			continue
 		}
@@ -730,31 +730,25 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 	cancel()
 	took := time.Since(start)
 	if err := committed(); err != nil {
-		// The lease may not have committed (or did, and the answer was
-		// lost): nothing of this claim is recorded. The rows are pending,
-		// free or leased to this claim until the lease expires, and go out
-		// again with a later claim; a copy the broker already has is a
-		// duplicate Handle skips. The next claim starts at the head, not
-		// past rows this one may never have leased.
+		// The claim may not have committed (or did, and the answer was
+		// lost): nothing more of it is recorded. The rows are pending and
+		// free, and go out again with a later claim, or published under
+		// this claim's lease, and the scanner publishes them again once
+		// overdue; a copy the broker already has is a duplicate Handle
+		// skips. The next claim starts at the head, not past rows this one
+		// may never have leased.
 		r.resume.at.Store(nil)
 		return claimed, fmt.Errorf("outbox relay: %w", err)
 	}
 	stopping := ctx.Err() != nil
 
 	results := broker.PublishResults(perr, len(batch))
-	stamp := r.cfg.Now().UnixMilli()
-	// A row a consumer finished (or a payment cancelled) before the mark
-	// stays as they left it; the broker confirmed its message all the same.
-	marked := false // the confirmed rows are recorded: not to be published again
+	// The claim marked every row published: a confirmed row is recorded
+	// already. The others go back to pending, or dead, while the claim
+	// still owns them; a row a consumer finished (or a payment cancelled)
+	// meanwhile stays as they left it.
 	ok, failed, dead, rerr := store.Record(ctx, r.db, batch, results, store.RecordParams{
-		Owner: owner, From: store.Pending, Stamp: stamp, Stopping: stopping,
-		Confirmed: func(rctx context.Context, ok []store.Claimed) error {
-			if _, err := store.MarkPublished(rctx, r.db, owner, store.Pending, ok, stamp); err != nil {
-				return fmt.Errorf("mark published: %w", err)
-			}
-			marked = true
-			return nil
-		},
+		Owner: owner, From: store.Published, HandedOff: true, Stamp: r.cfg.Now().UnixMilli(), Stopping: stopping,
 		RetryInitial: r.cfg.RetryInitial, RetryMax: r.cfg.RetryMax,
 		RefusedPrefix: "publish rejected: ", FailedPrefix: "publish failed: ",
 	})
@@ -770,9 +764,7 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 			r.cfg.Hooks.Dead(len(dead))
 		}
 	}
-	// Rows whose mark failed keep their lease and are published again when
-	// it expires: they are counted then, once.
-	if marked && r.cfg.Hooks.Published != nil {
+	if len(ok) > 0 && r.cfg.Hooks.Published != nil {
 		r.cfg.Hooks.Published(len(ok), took)
 	}
 	if rerr != nil {

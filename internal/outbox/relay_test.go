@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,6 @@ import (
 	"github.com/delaybridge/delaybridge/broker/memory"
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
-	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
@@ -144,12 +144,16 @@ func TestRelay_StoppedMidPublishStillRecordsWhatTheBrokerConfirmed(t *testing.T)
 	if _, err := newRelay(t, b, &cancelAfterPublish{mem, cancel}, outbox.RelayConfig{}).Once(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Once = %v, want the context's error", err)
 	}
-	if got := b.count(t, "state = 'published' AND lease_owner = 0"); got != 5 {
-		t.Fatalf("%d rows marked published, want the 5 the broker confirmed", got)
+	if got := b.count(t, "state = 'published' AND publish_attempts = 1"); got != 5 {
+		t.Fatalf("%d rows published, want the 5 the broker confirmed", got)
 	}
 }
 
-func TestRelay_CrashMidBatchLeavesRowsPendingUntilTheLeaseExpires(t *testing.T) {
+// A relay that dies after its claim leaves the rows published under its
+// lease, not pending: no other relay publishes them again, then or after
+// the lease (the scanner does, once they are overdue:
+// TestScanner_RescuesWhatARelayDiedWith).
+func TestRelay_CrashAfterTheClaimLeavesTheRowsToTheScanner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	mem := memory.New(memory.Config{})
@@ -157,28 +161,27 @@ func TestRelay_CrashMidBatchLeavesRowsPendingUntilTheLeaseExpires(t *testing.T) 
 	for i := range 5 {
 		b.schedule(t, outbox.Task{Topic: "crash", Key: fmt.Sprint(i), DueAt: time.Now().Add(-time.Millisecond)})
 	}
-	// A relay claims the rows and dies before it records anything.
-	now := time.Now()
-	claimed, err := store.ClaimLeased(b.ctx, b.db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
-		PublishedAtMost: now.UnixMilli(), Limit: 10, Owner: store.NewLeaseOwner(), LeaseUntil: now.Add(outbox.DefaultLease).UnixMilli()})
-	if err != nil || len(claimed) != 5 {
-		t.Fatalf("claim = %d rows, %v", len(claimed), err)
+	// A relay claims the rows and dies before its publish.
+	crash := &duringPublish{Publisher: mem, f: func(context.Context) { runtime.Goexit() }}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = newRelay(t, b, crash, outbox.RelayConfig{}).Once(b.ctx)
+	}()
+	<-done
+	if !testutil.Eventually(10*time.Second, 10*time.Millisecond, func() bool {
+		return b.count(t, "state = 'published' AND lease_owner <> 0 AND publish_attempts = 1") == 5
+	}) {
+		t.Fatal("the dead relay's claim did not leave its 5 rows published under its lease")
 	}
-	if got := b.count(t, "state = 'pending' AND publish_attempts = 0"); got != 5 {
-		t.Fatalf("%d rows still pending and untouched, want 5", got)
+	for _, at := range []time.Duration{0, outbox.DefaultLease + time.Second} {
+		later := func() time.Time { return time.Now().Add(at) }
+		if n, err := newRelay(t, b, mem, outbox.RelayConfig{Now: later}).Once(b.ctx); err != nil || n != 0 {
+			t.Fatalf("another relay %v later: Once = %d, %v; want 0", at, n, err)
+		}
 	}
-	// While the lease lasts no other relay takes them...
-	if n, err := newRelay(t, b, mem, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 0 {
-		t.Fatalf("relay during the lease: Once = %d, %v; want 0", n, err)
-	}
-	// ...and once it expired the next relay publishes them: duplicates at
-	// worst, never losses.
-	later := func() time.Time { return time.Now().Add(outbox.DefaultLease + time.Second) }
-	if n, err := newRelay(t, b, mem, outbox.RelayConfig{Now: later}).Once(b.ctx); err != nil || n != 5 {
-		t.Fatalf("relay after the lease: Once = %d, %v; want 5", n, err)
-	}
-	if got := b.count(t, "state = 'published' AND lease_owner = 0"); got != 5 {
-		t.Fatalf("%d rows published after the lease expired, want 5", got)
+	if n := mem.Stats().Published; n != 0 {
+		t.Fatalf("%d messages reached the broker, want 0", n)
 	}
 }
 
@@ -722,7 +725,6 @@ func TestRelayConfigCheck_RefusesWhatNewRelayRefuses(t *testing.T) {
 		{outbox.RelayConfig{Lookahead: 10 * time.Millisecond}, broker.Limits{}, "shorter than the relay's ProbeMax"},
 		{outbox.RelayConfig{Lookahead: 2 * time.Minute}, hop, "longer than one broker hop"},
 		{outbox.RelayConfig{Lookahead: 2 * time.Minute}, broker.Limits{}, ""}, // the hop is not known yet
-		{outbox.RelayConfig{Lease: 5 * time.Second}, broker.Limits{}, "Lease 5s must be longer than PublishTimeout"},
 		{outbox.RelayConfig{Probe: time.Second, ProbeMax: 100 * time.Millisecond}, broker.Limits{}, "ProbeMax 100ms is shorter than Probe"},
 	} {
 		err := c.cfg.Check(c.limits)
@@ -861,8 +863,8 @@ func TestRelay_StoppedMidPublishReleasesTheRowsTheBrokerDidNotConfirm(t *testing
 	if _, err := newRelay(t, b, &cancelAfterPublish{mem, cancel}, outbox.RelayConfig{Now: clock}).Once(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Once = %v, want the context's error", err)
 	}
-	if got := b.count(t, "task_key = 'confirmed' AND state = 'published' AND lease_owner = 0"); got != 1 {
-		t.Fatal("the row the broker confirmed is not marked published")
+	if got := b.count(t, "task_key = 'confirmed' AND state = 'published'"); got != 1 {
+		t.Fatal("the row the broker confirmed is not published")
 	}
 	if got := b.count(t, "task_key LIKE 'unconfirmed-%' AND state = 'pending' AND lease_owner = 0 AND next_attempt_ms = 0 AND publish_attempts = 0 AND last_error IS NULL"); got != 3 {
 		t.Fatalf("%d of the 3 unconfirmed rows were given back untouched", got)
@@ -918,10 +920,9 @@ func TestRelay_ARetryBeforeTheResumePointGoesOutOnceTheLoopsCatchUp(t *testing.T
 	}
 }
 
-// A confirmed publish whose row cannot be marked published is not counted:
-// the row keeps its lease and goes out again once it expires, and is
-// counted then, so the published count never counts a task twice.
-func TestRelay_APublishItCouldNotRecordIsNotCountedPublished(t *testing.T) {
+// A claim that cannot record the hand-off publishes nothing and counts
+// nothing: the row stays pending and free for the next claim.
+func TestRelay_AClaimThatCannotMarkTheHandOffPublishesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.schedule(t, outbox.Task{Topic: "unmarked", Key: "k", DueAt: time.Now()})
@@ -931,19 +932,17 @@ func TestRelay_APublishItCouldNotRecordIsNotCountedPublished(t *testing.T) {
 BEGIN IF NEW.state = 'published' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; END IF; END`); err != nil {
 		t.Fatal(err)
 	}
-	var published int
-	r := newRelay(t, b, instantPublisher{}, outbox.RelayConfig{Hooks: outbox.RelayHooks{Published: func(n int, _ time.Duration) { published += n }}})
-	if _, err := r.Once(b.ctx); err == nil {
-		t.Fatal("Once reported no error though the mark failed")
+	var published, sent int
+	pub := &duringPublish{Publisher: instantPublisher{}, f: func(context.Context) { sent++ }}
+	r := newRelay(t, b, pub, outbox.RelayConfig{Hooks: outbox.RelayHooks{Published: func(n int, _ time.Duration) { published += n }}})
+	if _, err := r.Once(b.ctx); err == nil || !strings.Contains(err.Error(), "refused by the test") {
+		t.Fatalf("Once = %v; want the refused claim", err)
 	}
-	if published != 0 {
-		t.Fatalf("Published reported %d for a row it could not mark", published)
+	if published != 0 || sent != 0 {
+		t.Fatalf("Published reported %d, %d publishes; want none for a claim that could not mark its rows", published, sent)
 	}
-	if _, err := b.db.ExecContext(b.ctx, "DROP TRIGGER refuse_published"); err != nil {
-		t.Fatal(err)
-	}
-	if n := b.count(t, "task_key = 'k' AND state = 'pending' AND lease_owner <> 0"); n != 1 {
-		t.Fatalf("%d rows still leased pending; want the unmarked row kept for its lease to expire", n)
+	if n := b.count(t, "task_key = 'k' AND state = 'pending' AND lease_owner = 0 AND publish_attempts = 0"); n != 1 {
+		t.Fatalf("%d rows pending and free; want the row as it was", n)
 	}
 }
 

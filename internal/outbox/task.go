@@ -79,11 +79,14 @@ type TaskInfo struct {
 	// Snoozes counts the handler's snoozes (Snooze) since the task was
 	// scheduled, rescheduled or replayed; LastError then holds the last
 	// one's reason.
-	Snoozes     int
-	LastError   string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	PublishedAt time.Time // zero until published
+	Snoozes   int
+	LastError string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// PublishedAt is when the task was last handed to the broker: the
+	// relay's claim, or the scanner's rescue. Zero until then, and again
+	// once a publish failed.
+	PublishedAt time.Time
 	DoneAt      time.Time // zero until done
 }
 

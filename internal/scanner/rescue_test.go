@@ -3,12 +3,15 @@ package scanner_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/scanner"
+	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
 // Rows whose re-publish keeps failing (their topic was deleted) are older
@@ -146,5 +149,49 @@ func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T
 			t.Fatalf("rescued on attempt %d, want the recorded 4", d.Message.Attempt)
 		}
 		_ = d.Acker.Ack()
+	}
+}
+
+// A relay that dies after its claim leaves its rows published with no
+// message behind them. The scanner publishes them again, but not while
+// the relay may still be publishing: not before the publish timeout past
+// the claim, plus the grace.
+func TestScanner_RescuesWhatARelayDiedWith(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 3 {
+		if _, err := outbox.Schedule(b.ctx, b.db, outbox.Task{Topic: "scan", Key: fmt.Sprint(i), DueAt: time.Now().Add(-time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The relay claims, then dies before its publish.
+	claimed := make(chan struct{})
+	crash := publishFunc(func(context.Context, ...*broker.Message) error {
+		close(claimed)
+		runtime.Goexit()
+		return nil
+	})
+	r, err := outbox.NewRelay(b.db, crash, outbox.RelayConfig{PublishTimeout: 5 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = r.Once(b.ctx) }()
+	<-claimed
+	claimedAt := time.Now()
+	if !testutil.Eventually(10*time.Second, 10*time.Millisecond, func() bool {
+		var n int
+		return b.db.QueryRow("SELECT COUNT(*) FROM delay_task WHERE state = 'published'").Scan(&n) == nil && n == 3
+	}) {
+		t.Fatal("the relay's claim did not commit its rows published")
+	}
+	at := func(d time.Duration) func() time.Time { return func() time.Time { return claimedAt.Add(d) } }
+	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(5 * time.Second)}).Rescue(b.ctx); err != nil || n != 0 {
+		t.Fatalf("at the publish timeout, before the grace: Rescue = %d, %v; want 0", n, err)
+	}
+	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(7 * time.Second)}).Rescue(b.ctx); err != nil || n != 3 {
+		t.Fatalf("past the publish timeout and the grace: Rescue = %d, %v; want 3", n, err)
+	}
+	if got := b.mem.Stats().Published; got != 3 {
+		t.Fatalf("%d messages reached the broker, want the 3 the relay never published", got)
 	}
 }

@@ -69,6 +69,15 @@ type ClaimSpec struct {
 	// broker.ValidateTopic accepts: a relay's claim for a topic it
 	// publishes at a bounded rate.
 	Topic string
+	// HandOffAt, when set (epoch milliseconds), makes the claim record the
+	// hand-off to the broker with the lease, in the same row write: state
+	// published, published_ms = HandOffAt, one more publish attempt. The
+	// relay claims so: a confirmed publish then writes nothing, and only a
+	// failed one writes again (MarkFailed with Handed, back to pending). A
+	// relay that dies after the claim leaves published rows the scanner
+	// re-publishes once they are overdue, as it does a message the broker
+	// lost. Zero (the scanner's claim) leaves the state as it is.
+	HandOffAt int64
 }
 
 // Position is a row's place in the (state, due_ms, id) index.
@@ -102,8 +111,10 @@ func NewLeaseOwner() int64 {
 // index gaps), stamps each with the owner and the lease's expiry, and
 // commits. No lock outlives the claim, so a business transaction touching a
 // claimed row (Cancel in a payment) never waits for a broker. The claimer
-// records each row's outcome with conditions on the owner (MarkPublished,
-// Release), and a row whose lease expired unrecorded is taken again.
+// records each row's outcome with conditions on the owner (MarkRescued,
+// MarkHandOffFailed, Release), and a row whose lease expired unrecorded is
+// taken again: by another relay when still pending, by the scanner once
+// overdue when the claim marked it published (HandOffAt).
 //
 // It is the one query the relay (pending rows) and the scanner (published
 // rows overdue) share: a range of the (state, due_ms, id) index.
@@ -192,9 +203,14 @@ func ClaimLeasedEarly(ctx context.Context, db *sql.DB, spec ClaimSpec) (out []Cl
 	for i, c := range out {
 		ids[i] = c.Message.TaskID
 	}
+	set, setArgs := "lease_owner = ?, next_attempt_ms = ?", []any{spec.Owner, spec.LeaseUntil}
+	if spec.HandOffAt != 0 {
+		set += ", state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL"
+		setArgs = append(setArgs, spec.HandOffAt, spec.HandOffAt)
+	}
 	for _, chunk := range Chunks(ids) {
-		args := append([]any{spec.Owner, spec.LeaseUntil}, chunk...)
-		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET lease_owner = ?, next_attempt_ms = ? WHERE id IN "+InList(len(chunk)), args...); err != nil {
+		args := append(slices.Clone(setArgs), chunk...)
+		if _, err := tx.ExecContext(ctx, "UPDATE delay_task FORCE INDEX (PRIMARY) SET "+set+" WHERE id IN "+InList(len(chunk)), args...); err != nil {
 			return nil, nil, fmt.Errorf("outbox: claim %s: lease: %w", spec.State, err)
 		}
 	}
@@ -301,16 +317,6 @@ func FirstQuery(spec ClaimSpec) (string, error) {
 // means (a hand-written UPDATE, an older binary) without clearing the
 // lease.
 
-// MarkPublished records that the broker confirmed the messages of claimed
-// rows (those in c): state published, published_ms = at, the lease gone.
-// Rows a Cancel, Reschedule or another claim changed meanwhile are left
-// alone. It returns how many rows it marked.
-func MarkPublished(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed, at int64) (int64, error) {
-	return updateOwned(ctx, db, owner, from, c,
-		"state = 'published', published_ms = ?, updated_ms = ?, publish_attempts = publish_attempts + 1, last_error = NULL, next_attempt_ms = 0, lease_owner = 0",
-		at, at)
-}
-
 // MarkRescued records that claimed published rows were re-published at at:
 // the rescue counted, the next rescue no sooner than backoff(rescues) after.
 // The rescue is counted even on a row a consumer finished (or a payment
@@ -346,6 +352,36 @@ func MarkDead(ctx context.Context, db *sql.DB, owner int64, from string, c []Cla
 // claimer stopping before it knows how their publish went.
 func Release(ctx context.Context, db *sql.DB, owner int64, from string, c []Claimed) (int64, error) {
 	return updateOwned(ctx, db, owner, from, c, "next_attempt_ms = 0, lease_owner = 0")
+}
+
+// The hand-off's outcomes. A relay's claim (ClaimSpec.HandOffAt) already
+// marked its rows published and counted the attempt; a confirmed publish
+// writes nothing more. These undo the mark on the rows whose publish did
+// not go through, under the same conditions as the statements above
+// (owner, state published, generation).
+
+// MarkHandOffFailed puts claimed rows whose publish failed for now back
+// to pending, the lease gone, the next attempt no sooner than at +
+// initial × 2^(attempts before this one), at most maxWait.
+func MarkHandOffFailed(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at int64, initial, maxWait time.Duration, reason string) (int64, error) {
+	return updateOwned(ctx, db, owner, Published, c,
+		"next_attempt_ms = ? + LEAST(? << LEAST(GREATEST(publish_attempts - 1, 0), 30), ?), last_error = ?, updated_ms = ?, lease_owner = 0, published_ms = 0, state = 'pending'",
+		at, initial.Milliseconds(), maxWait.Milliseconds(), Truncate(reason, 1024), at)
+}
+
+// MarkHandOffDead records that the broker refused claimed rows for good,
+// or that the relay does not publish them.
+func MarkHandOffDead(ctx context.Context, db *sql.DB, owner int64, c []Claimed, at int64, reason string) (int64, error) {
+	return updateOwned(ctx, db, owner, Published, c,
+		"state = 'dead', last_error = ?, updated_ms = ?, next_attempt_ms = 0, lease_owner = 0, published_ms = 0",
+		Truncate(reason, 1024), at)
+}
+
+// ReleaseHandOff gives claimed rows back to pending at once, the attempt
+// uncounted: for a relay stopping before it knows how their publish went.
+func ReleaseHandOff(ctx context.Context, db *sql.DB, owner int64, c []Claimed) (int64, error) {
+	return updateOwned(ctx, db, owner, Published, c,
+		"next_attempt_ms = 0, lease_owner = 0, published_ms = 0, publish_attempts = GREATEST(publish_attempts - 1, 0), state = 'pending'")
 }
 
 // SplitResults sorts claimed rows by the outcome of their publish (results
@@ -389,8 +425,9 @@ func updateOwnedIn(ctx context.Context, db *sql.DB, owner int64, from []string, 
 			query := "UPDATE delay_task FORCE INDEX (PRIMARY) SET " + set + " WHERE lease_owner = ? AND state IN " + InList(len(from)) + " AND generation = ? AND id IN " + InList(len(chunk))
 			res, err := db.ExecContext(ctx, query, args...)
 			// A deadlock's victim is rolled back whole; unrecorded, its rows
-			// would stay leased until the lease expired and be published
-			// again then. Running it again is what the server asks for.
+			// would stay as the claim left them, leased, until the lease
+			// expired and a later claim or rescue published them again.
+			// Running it again is what the server asks for.
 			for retries := 0; IsDeadlock(err) && retries < outcomeDeadlockRetries && ctx.Err() == nil; retries++ {
 				res, err = db.ExecContext(ctx, query, args...)
 			}

@@ -151,6 +151,18 @@ func TestFirst_FindsWhatAClaimWouldTake(t *testing.T) {
 // all for owner, oldest first.
 func claimAll(t *testing.T, db *sql.DB, owner int64, keys ...string) []store.Claimed {
 	t.Helper()
+	return claimKeys(t, db, owner, 0, keys...)
+}
+
+// handOffAll is claimAll with a relay's claim, which marks the rows
+// published at handOff.
+func handOffAll(t *testing.T, db *sql.DB, owner, handOff int64, keys ...string) []store.Claimed {
+	t.Helper()
+	return claimKeys(t, db, owner, handOff, keys...)
+}
+
+func claimKeys(t *testing.T, db *sql.DB, owner, handOff int64, keys ...string) []store.Claimed {
+	t.Helper()
 	ctx := context.Background()
 	for i, k := range keys {
 		due := time.Now().Add(time.Duration(i-len(keys)-1) * time.Second)
@@ -160,7 +172,7 @@ func claimAll(t *testing.T, db *sql.DB, owner int64, keys ...string) []store.Cla
 	}
 	now := time.Now()
 	batch, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.UnixMilli(), ReadyAtMost: now.UnixMilli(),
-		PublishedAtMost: 1<<63 - 1, Limit: 100, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli()})
+		PublishedAtMost: 1<<63 - 1, Limit: 100, Owner: owner, LeaseUntil: now.Add(time.Minute).UnixMilli(), HandOffAt: handOff})
 	if err != nil || len(batch) != len(keys) {
 		t.Fatalf("claim: %d rows, %v; want %d", len(batch), err, len(keys))
 	}
@@ -184,12 +196,23 @@ func TestOutcome_ARowOfANewerGenerationIsLeftAloneThoughTheLeaseIsKept(t *testin
 	ctx := context.Background()
 	db := migrated(t)
 	batch := claimAll(t, db, 7, "moved")
-	if _, err := db.Exec("UPDATE delay_task SET generation = generation + 1, due_ms = due_ms + 3600000 WHERE task_key = 'moved'"); err != nil {
+	at := time.Now().UnixMilli()
+	handed := handOffAll(t, db, 8, at, "handed")
+	// As Reschedule leaves them, but for the lease.
+	if _, err := db.Exec("UPDATE delay_task SET generation = generation + 1, due_ms = due_ms + 3600000, state = 'pending', published_ms = 0, publish_attempts = 0 WHERE task_key IN ('moved', 'handed')"); err != nil {
 		t.Fatal(err)
 	}
-	at := time.Now().UnixMilli()
+	if _, err := db.Exec("UPDATE delay_task SET state = 'published' WHERE task_key = 'handed'"); err != nil {
+		t.Fatal(err)
+	}
 	for name, record := range map[string]func() (int64, error){
-		"MarkPublished": func() (int64, error) { return store.MarkPublished(ctx, db, 7, store.Pending, batch, at) },
+		"MarkHandOffFailed": func() (int64, error) {
+			return store.MarkHandOffFailed(ctx, db, 8, handed, at, time.Second, time.Minute, "publish failed: reset")
+		},
+		"MarkHandOffDead": func() (int64, error) {
+			return store.MarkHandOffDead(ctx, db, 8, handed, at, "publish rejected: too large")
+		},
+		"ReleaseHandOff": func() (int64, error) { return store.ReleaseHandOff(ctx, db, 8, handed) },
 		"MarkFailed": func() (int64, error) {
 			return store.MarkFailed(ctx, db, 7, store.Pending, batch, at, time.Second, time.Minute, 0, "publish failed: reset")
 		},
@@ -204,6 +227,9 @@ func TestOutcome_ARowOfANewerGenerationIsLeftAloneThoughTheLeaseIsKept(t *testin
 	}
 	if got := countWhere(t, db, "task_key = 'moved' AND state = 'pending' AND generation = 1 AND publish_attempts = 0 AND published_ms = 0 AND last_error IS NULL"); got != 1 {
 		t.Fatal("the row of the newer generation was changed by the old claim's outcome")
+	}
+	if got := countWhere(t, db, "task_key = 'handed' AND state = 'published' AND generation = 1 AND publish_attempts = 0 AND last_error IS NULL"); got != 1 {
+		t.Fatal("the row of the newer generation was changed by the old hand-off's outcome")
 	}
 }
 
@@ -254,20 +280,56 @@ func TestMarkFailed_BackoffDoublesPerAttemptUpToMaxWait(t *testing.T) {
 	}
 }
 
-// A row marked published keeps nothing of its lease: no owner, and no
-// lease expiry in next_attempt_ms, which for a published row holds the
-// scanner's next rescue; the lost-publish clock starts at published_ms.
-func TestMarkPublished_LeavesNoLeaseExpiryBehind(t *testing.T) {
+// A relay's claim records the hand-off in the lease's own write: the rows
+// are published at the claim's time, their attempt counted, still leased
+// to the claim until LeaseUntil, which keeps the scanner off them while
+// the publish may still be running.
+func TestClaim_AHandOffMarksTheRowsPublishedUnderTheLease(t *testing.T) {
+	t.Parallel()
+	db := migrated(t)
+	at := time.Now().UnixMilli()
+	batch := handOffAll(t, db, 5, at, "a", "b")
+	for _, c := range batch {
+		if c.Message.TaskID == 0 {
+			t.Fatal("a claimed message has no task id")
+		}
+	}
+	if got := countWhere(t, db, "state = 'published' AND published_ms = ? AND updated_ms = ? AND publish_attempts = 1 AND lease_owner = 5 AND next_attempt_ms > ?", at, at, at); got != 2 {
+		t.Fatalf("%d of 2 rows published under the claim's lease", got)
+	}
+}
+
+// A publish that did not go through undoes the hand-off: a failed one
+// backs off from the attempts before it (the claim counted this one), a
+// stopping relay gives the attempt back, a refused one goes dead; none of
+// them leaves a publish time or a lease behind.
+func TestHandOff_AnUnconfirmedPublishUndoesTheMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := migrated(t)
-	batch := claimAll(t, db, 5, "a", "b")
 	at := time.Now().UnixMilli()
-	if n, err := store.MarkPublished(ctx, db, 5, store.Pending, batch, at); err != nil || n != 2 {
-		t.Fatalf("MarkPublished = %d, %v; want 2", n, err)
+	batch := handOffAll(t, db, 6, at, "failed", "released", "refused")
+	byKey := map[string][]store.Claimed{}
+	for _, c := range batch {
+		byKey[c.Message.Key] = []store.Claimed{c}
 	}
-	if got := countWhere(t, db, "state = 'published' AND published_ms = ? AND next_attempt_ms = 0 AND lease_owner = 0", at); got != 2 {
-		t.Fatalf("%d of 2 rows published with neither owner nor lease expiry", got)
+	if n, err := store.MarkHandOffFailed(ctx, db, 6, byKey["failed"], at, time.Second, time.Minute, "publish failed: reset"); err != nil || n != 1 {
+		t.Fatalf("MarkHandOffFailed = %d, %v", n, err)
+	}
+	if n, err := store.ReleaseHandOff(ctx, db, 6, byKey["released"]); err != nil || n != 1 {
+		t.Fatalf("ReleaseHandOff = %d, %v", n, err)
+	}
+	if n, err := store.MarkHandOffDead(ctx, db, 6, byKey["refused"], at, "publish rejected: no"); err != nil || n != 1 {
+		t.Fatalf("MarkHandOffDead = %d, %v", n, err)
+	}
+	for where, what := range map[string]string{
+		"task_key = 'failed' AND state = 'pending' AND publish_attempts = 1 AND next_attempt_ms = ? + 1000 AND last_error = 'publish failed: reset'": "the failed row, backed off 1 s",
+		"task_key = 'released' AND state = 'pending' AND publish_attempts = 0 AND next_attempt_ms = 0 AND ? > 0":                                     "the released row, free at once",
+		"task_key = 'refused' AND state = 'dead' AND publish_attempts = 1 AND next_attempt_ms = 0 AND ? > 0":                                         "the refused row, dead",
+	} {
+		if got := countWhere(t, db, where+" AND published_ms = 0 AND lease_owner = 0", at); got != 1 {
+			t.Errorf("%s: not as recorded (%s)", what, where)
+		}
 	}
 }
 

@@ -10,13 +10,14 @@ import (
 	"github.com/delaybridge/delaybridge/internal/store"
 )
 
-// TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim makes the relay's
-// "mark published" the victim of a real deadlock: it has locked the first
-// of its two rows and waits for the second, which another transaction (the
-// heavier one, so the server keeps it) holds and then asks for the first.
-// The mark must run again and record both rows; left unrecorded, they would
-// stay leased until the lease expired and be published a second time.
-func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
+// TestMarkHandOffFailed_RunsAgainWhenChosenAsADeadlockVictim makes the
+// relay's record of a failed publish the victim of a real deadlock: it has
+// locked the first of its two rows and waits for the second, which another
+// transaction (the heavier one, so the server keeps it) holds and then
+// asks for the first. The record must run again and put both rows back to
+// pending; left unrecorded, they would stay published with no message
+// behind them until the scanner's rescue, far past their due time.
+func TestMarkHandOffFailed_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := migrated(t)
@@ -27,7 +28,8 @@ func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 	}
 	now := time.Now()
 	batch, err := store.ClaimLeased(ctx, db, store.ClaimSpec{State: store.Pending, DueAtMost: now.Add(time.Minute).UnixMilli(),
-		ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1, Limit: 10, Owner: 7, LeaseUntil: now.Add(time.Hour).UnixMilli()})
+		ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1, Limit: 10, Owner: 7, LeaseUntil: now.Add(time.Hour).UnixMilli(),
+		HandOffAt: now.UnixMilli()})
 	if err != nil || len(batch) != 2 {
 		t.Fatalf("claim: %d rows, %v; want 2", len(batch), err)
 	}
@@ -57,10 +59,10 @@ func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 	var n int64
 	go func() {
 		var err error
-		n, err = store.MarkPublished(ctx, db, 7, store.Pending, batch, time.Now().UnixMilli())
+		n, err = store.MarkHandOffFailed(ctx, db, 7, batch, time.Now().UnixMilli(), time.Second, time.Minute, "publish failed: reset")
 		marked <- err
 	}()
-	// The mark locks the first row, then waits for the second: wait until
+	// The record locks the first row, then waits for the second: wait until
 	// a third connection finds the first row locked.
 	locked := func() bool {
 		tx, err := db.BeginTx(ctx, nil)
@@ -80,10 +82,10 @@ func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 		waiting = locked()
 	}
 	if !waiting {
-		t.Fatal("the mark never locked the first row; the test proves nothing")
+		t.Fatal("the record never locked the first row; the test proves nothing")
 	}
 	// Now the other transaction asks for the first row: a deadlock, and the
-	// server rolls back the lighter side, the mark.
+	// server rolls back the lighter side, the record.
 	if _, err := other.ExecContext(ctx, "UPDATE delay_task SET updated_ms = updated_ms + 1 WHERE id = ?", first); err != nil {
 		t.Fatalf("the heavier transaction was the deadlock's victim (%v); the test proves nothing", err)
 	}
@@ -93,16 +95,16 @@ func TestMarkPublished_RunsAgainWhenChosenAsADeadlockVictim(t *testing.T) {
 	select {
 	case err := <-marked:
 		if err != nil || n != 2 {
-			t.Fatalf("MarkPublished = %d, %v; want 2 rows marked after the deadlock", n, err)
+			t.Fatalf("MarkHandOffFailed = %d, %v; want 2 rows recorded after the deadlock", n, err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("MarkPublished did not return")
+		t.Fatal("MarkHandOffFailed did not return")
 	}
-	var published int
-	if err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND lease_owner = 0 AND id IN (%d, %d)", first, second)).Scan(&published); err != nil {
+	var pending int
+	if err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM delay_task WHERE state = 'pending' AND lease_owner = 0 AND id IN (%d, %d)", first, second)).Scan(&pending); err != nil {
 		t.Fatal(err)
 	}
-	if published != 2 {
-		t.Fatalf("%d rows published and released; want 2", published)
+	if pending != 2 {
+		t.Fatalf("%d rows back to pending and released; want 2", pending)
 	}
 }

@@ -25,8 +25,13 @@ type RecordParams struct {
 	// it, so they are given back untouched (Release) rather than counted
 	// as failures.
 	Stopping bool
-	// Confirmed records the rows the broker confirmed: the relay marks
-	// them published, the scanner counts a rescue.
+	// HandedOff says the claim marked the rows published
+	// (ClaimSpec.HandOffAt; From is then Published): rows not confirmed go
+	// back to pending (MarkHandOffFailed, ReleaseHandOff), and refused
+	// ones go dead without a second count of the attempt.
+	HandedOff bool
+	// Confirmed, when set, records the rows the broker confirmed: the
+	// scanner counts a rescue. A hand-off claim has nothing to record.
 	Confirmed func(ctx context.Context, ok []Claimed) error
 	// RetryInitial, RetryMax and Skew are MarkFailed's backoff for rows
 	// whose publish failed for now.
@@ -49,28 +54,49 @@ func Record(ctx context.Context, db *sql.DB, batch []Claimed, results []error, o
 	defer cancel()
 	ok, failed, refused = SplitResults(batch, results)
 	var errs []error
-	if len(ok) > 0 {
+	if len(ok) > 0 && o.Confirmed != nil {
 		if err := o.Confirmed(rctx, ok); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	for reason, rows := range byReason(refused, batch, results, o.RefusedPrefix) {
-		if _, err := MarkDead(rctx, db, o.Owner, o.From, rows, o.Stamp, reason); err != nil {
+		if _, err := o.markDead(rctx, db, rows, reason); err != nil {
 			errs = append(errs, fmt.Errorf("mark dead: %w", err))
 		}
 	}
 	if o.Stopping {
-		if _, err := Release(rctx, db, o.Owner, o.From, failed); err != nil {
+		if _, err := o.release(rctx, db, failed); err != nil {
 			errs = append(errs, fmt.Errorf("release: %w", err))
 		}
 	} else {
 		for reason, rows := range byReason(failed, batch, results, o.FailedPrefix) {
-			if _, err := MarkFailed(rctx, db, o.Owner, o.From, rows, o.Stamp, o.RetryInitial, o.RetryMax, o.Skew, reason); err != nil {
+			if _, err := o.markFailed(rctx, db, rows, reason); err != nil {
 				errs = append(errs, fmt.Errorf("record failure: %w", err))
 			}
 		}
 	}
 	return ok, failed, refused, errors.Join(errs...)
+}
+
+func (o RecordParams) markDead(ctx context.Context, db *sql.DB, rows []Claimed, reason string) (int64, error) {
+	if o.HandedOff {
+		return MarkHandOffDead(ctx, db, o.Owner, rows, o.Stamp, reason)
+	}
+	return MarkDead(ctx, db, o.Owner, o.From, rows, o.Stamp, reason)
+}
+
+func (o RecordParams) release(ctx context.Context, db *sql.DB, rows []Claimed) (int64, error) {
+	if o.HandedOff {
+		return ReleaseHandOff(ctx, db, o.Owner, rows)
+	}
+	return Release(ctx, db, o.Owner, o.From, rows)
+}
+
+func (o RecordParams) markFailed(ctx context.Context, db *sql.DB, rows []Claimed, reason string) (int64, error) {
+	if o.HandedOff {
+		return MarkHandOffFailed(ctx, db, o.Owner, rows, o.Stamp, o.RetryInitial, o.RetryMax, reason)
+	}
+	return MarkFailed(ctx, db, o.Owner, o.From, rows, o.Stamp, o.RetryInitial, o.RetryMax, o.Skew, reason)
 }
 
 // byReason groups rows of batch (a subset, sub) by the text of their

@@ -115,7 +115,9 @@ func timeline(t *ops.Detail, now time.Time) []event {
 	if t.Generation > 0 {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("generation %d: rescheduled or replayed %d time(s); a message of an older generation is skipped", t.Generation, t.Generation)})
 	}
-	if t.State == outbox.StatePending && t.LeaseOwner != 0 {
+	// A confirmed publish leaves the claim's owner on the row: only a
+	// lease still running is shown.
+	if (t.State == outbox.StatePending || t.State == outbox.StatePublished) && t.LeaseOwner != 0 && t.NextAttemptAt.After(now) {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("claimed by a relay or scanner, lease until %s", fmtTime(t.NextAttemptAt))})
 	} else if t.State == outbox.StatePending && t.NextAttemptAt.After(now) {
 		ev = append(ev, event{t.NextAttemptAt, "next publish attempt (backed off after a failure)"})
@@ -124,7 +126,7 @@ func timeline(t *ops.Detail, now time.Time) []event {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("%d publish attempt(s) for this generation", t.PublishAttempts)})
 	}
 	if !t.PublishedAt.IsZero() {
-		ev = append(ev, event{t.PublishedAt, "published: the broker confirmed the message"})
+		ev = append(ev, event{t.PublishedAt, "published: handed to the broker (a relay's claim or a rescue)"})
 	}
 	if t.Rescues > 0 {
 		ev = append(ev, event{time.Time{}, fmt.Sprintf("rescued %d time(s): the scanner published it again after it was overdue", t.Rescues)})
