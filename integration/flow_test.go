@@ -207,8 +207,8 @@ func TestFlow_EveryTaskHandledOnceNeverEarly(t *testing.T) {
 }
 
 // dieAfterPublish closes the relay's own database pool once the broker
-// confirmed, so the relay can record nothing: a relay killed between the
-// confirm and marking its rows, the worst moment.
+// confirmed, so the relay can record nothing more: a relay killed between
+// the confirm and anything it could write after it.
 type dieAfterPublish struct {
 	broker.Publisher
 	db *sql.DB
@@ -220,6 +220,21 @@ func (p dieAfterPublish) Publish(ctx context.Context, msgs ...*broker.Message) e
 	return err
 }
 
+// dieBeforePublish closes the relay's own database pool and publishes
+// nothing: a relay killed between its claim and its publish, the worst
+// moment now that the claim marks its rows published.
+type dieBeforePublish struct {
+	broker.Publisher
+	db *sql.DB
+}
+
+func (p dieBeforePublish) Publish(context.Context, ...*broker.Message) error {
+	_ = p.db.Close()
+	return errors.New("the relay died")
+}
+
+// A relay killed after the broker confirmed has nothing left to write:
+// its claim recorded the hand-off. Every task is handled once.
 func TestFlow_RelayKilledBetweenConfirmAndCommitLosesNothing(t *testing.T) {
 	eachAdapter(t, func(t *testing.T, ad adapter) {
 		f := newFlow(t)
@@ -236,24 +251,52 @@ func TestFlow_RelayKilledBetweenConfirmAndCommitLosesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := r.Once(f.ctx); err == nil {
-			t.Fatal("the killed relay reported success")
+		if got, err := r.Once(f.ctx); err != nil || got != n {
+			t.Fatalf("the relay killed after the confirm: Once = %d, %v; want %d and nothing left to record", got, err, n)
 		}
-		if got := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending' AND lease_owner <> 0"); got != n {
-			t.Fatalf("%d rows pending under the dead relay's lease, want %d", got, n)
-		}
-		// The messages went out; a relay started after the lease expired
-		// publishes them again: duplicates, which Handle makes harmless.
 		f.consume(t, pub, sub)
-		later, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Logger: quiet(), Now: func() time.Time { return time.Now().Add(outbox.DefaultLease) }})
+		f.waitDone(t, n, 60*time.Second)
+		f.checkOnce(t, n)
+	})
+}
+
+// A relay killed between its claim and its publish leaves its rows
+// published with no message behind them. No relay takes them again; the
+// scanner does, once the publish timeout past the claim and its grace are
+// over, and every task is handled once, none early.
+func TestFlow_RelayKilledAfterItsClaimLosesNothing(t *testing.T) {
+	eachAdapter(t, func(t *testing.T, ad adapter) {
+		f := newFlow(t)
+		pub, sub := ad.open(t, f.topic)
+		const n = 50
+		for i := range n {
+			f.order(t, fmt.Sprintf("k-%d", i), time.Now().Add(time.Second))
+		}
+		own, err := sql.Open("mysql", f.dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'pending'") > 0 {
-			if _, err := later.Once(f.ctx); err != nil {
-				t.Fatal(err)
-			}
+		const publishTimeout = 2 * time.Second
+		r, err := outbox.NewRelay(own, dieBeforePublish{pub, own}, outbox.RelayConfig{Logger: quiet(), PublishTimeout: publishTimeout})
+		if err != nil {
+			t.Fatal(err)
 		}
+		if _, err := r.Once(f.ctx); err == nil {
+			t.Fatal("the killed relay reported success")
+		}
+		if got := f.count(t, "SELECT COUNT(*) FROM delay_task WHERE state = 'published' AND lease_owner <> 0"); got != n {
+			t.Fatalf("%d rows published under the dead relay's lease, want %d", got, n)
+		}
+		f.consume(t, pub, sub)
+		f.relay(t, pub)
+		sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: time.Second, Interval: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = sc.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
 		f.waitDone(t, n, 60*time.Second)
 		f.checkOnce(t, n)
 	})

@@ -291,12 +291,12 @@ func (g *topicGate) refuse(topic string) string {
 // resumePoint is where the claim loops of a relay draining a backlog claim
 // next. Each full batch leaves its last row's place here, and the next
 // claim starts past it instead of at the head of the index, where the rows
-// of the batches still being published wait, leased: one claim would
+// of the batches whose claim is still committing wait, locked (a claim's
+// rows leave the pending range once its commit ends): one claim would
 // otherwise read each of them again, and a lock and a lookup of the row
-// each cost the database more than taking a row (a third of its work for
-// a relay draining with 4 loops). Rows that become claimable before the
-// point (a task scheduled due sooner, a failed publish due for its retry,
-// a lease that expired) are taken by a claim from the head: the first
+// each cost the database more than taking a row. Rows that become
+// claimable before the point (a task scheduled due sooner, a failed
+// publish due for its retry) are taken by a claim from the head: the first
 // claim after a claim came up short, the first after a Nudge or after the
 // probe found such a row, and at least one every rescan.
 type resumePoint struct {
