@@ -371,6 +371,9 @@ func (c *Client) Start(ctx context.Context) (err error) {
 		return err
 	}
 	c.conn, c.started = conn, true
+	if c.cfg.Relay != nil && c.cfg.Scanner == nil {
+		c.cfg.Logger.Warn("delaybridge: this client relays without a scanner; run one elsewhere (delaybridge run), or the tasks of a relay killed mid-batch wait for it")
+	}
 	c.cfg.Logger.Info("delaybridge: client started", "broker", c.broker.Name(), "mode", c.broker.Mode(), "topology", topo.String(),
 		"topics", topics, "relay", c.cfg.Relay != nil, "scanner", c.cfg.Scanner != nil,
 		"cleaner", c.cfg.Relay != nil && !c.cfg.NoCleaner, "stats", c.cfg.Relay != nil && !c.cfg.NoStats)

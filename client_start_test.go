@@ -150,3 +150,34 @@ func TestClient_HandleRefusesBadOptions(t *testing.T) {
 		t.Errorf("sound options refused: %v", err)
 	}
 }
+
+// A client that relays without a scanner says so when it starts: the
+// tasks of a relay killed mid-batch wait for a scanner. With one, it says
+// nothing of it.
+func TestClient_ARelayWithoutAScannerSaysSoAtStart(t *testing.T) {
+	for _, withScanner := range []bool{false, true} {
+		b := setup(t)
+		if b.cfg.Relay == nil {
+			b.cfg.Relay = &delaybridge.RelayConfig{}
+		}
+		b.cfg.Scanner = nil
+		if withScanner {
+			b.cfg.Scanner = &delaybridge.ScannerConfig{}
+		}
+		var log testenv.SyncBuffer
+		b.cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+		c, err := delaybridge.NewClient(b.db, b.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if warned := strings.Contains(log.String(), "relays without a scanner"); warned == withScanner {
+			t.Errorf("scanner %v: warned %v, want %v:\n%s", withScanner, warned, !withScanner, log.String())
+		}
+	}
+}

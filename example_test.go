@@ -28,8 +28,10 @@ func Example() {
 	ctx := context.Background()
 	cfg, db := openOrders(ctx)
 	defer db.Close()
-	// This process relays its own tasks; usually delaybridge run does.
+	// This process relays its own tasks, with the scanner that re-publishes
+	// what a broker lost or a killed relay left; usually delaybridge run does.
 	cfg.Relay = &delaybridge.RelayConfig{IdleMax: 100 * time.Millisecond}
+	cfg.Scanner = &delaybridge.ScannerConfig{}
 	client, err := delaybridge.NewClient(db, cfg)
 	if err != nil {
 		log.Fatal(err)

@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 
+	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/rocket"
 	"github.com/delaybridge/delaybridge/internal/testenv"
@@ -61,6 +63,7 @@ func rocketClusterKill(t *testing.T, restart bool) {
 			t.Fatalf("CreateTopic on %s: %v", addr, err)
 		}
 	}
+	confirms := &confirmClock{Publisher: pub, at: map[string]time.Time{}}
 	f.consume(t, pub, sub)
 
 	// The relay publishes every task at once (the 60 s lookahead without a
@@ -72,7 +75,7 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	if restart {
 		grace = 150 * time.Second
 	}
-	f.relayAndScan(t, pub, outbox.RelayConfig{}, grace)
+	f.relayAndScan(t, confirms, outbox.RelayConfig{}, grace)
 
 	// The order service: 40 orders a second, each due 2-10 s later.
 	orders := f.startOrders(t, "r", func(i int64) time.Duration { return 2*time.Second + time.Duration(i*7919%8000)*time.Millisecond })
@@ -108,17 +111,17 @@ func rocketClusterKill(t *testing.T, restart bool) {
 		rescues, attempts             int
 	}
 	var tasks []task
-	rows, err := f.db.Query("SELECT task_key, done_ms, rescues, published_ms, publish_attempts FROM delay_task")
+	rows, err := f.db.Query("SELECT task_key, done_ms, rescues, publish_attempts FROM delay_task")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for rows.Next() {
 		var k task
-		var doneMS, publishedMS int64
-		if err := rows.Scan(&k.key, &doneMS, &k.rescues, &publishedMS, &k.attempts); err != nil {
+		var doneMS int64
+		if err := rows.Scan(&k.key, &doneMS, &k.rescues, &k.attempts); err != nil {
 			t.Fatal(err)
 		}
-		k.published = time.UnixMilli(publishedMS)
+		k.published = confirms.first(k.key)
 		k.created, k.due = orders.times(k.key)
 		k.done = time.UnixMilli(doneMS)
 		tasks = append(tasks, k)
@@ -152,9 +155,9 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	// second after its order was held up on the way to the broker, by the
 	// relay's batch waiting on a send in flight at the kill or by a stall
 	// of this box, not by where the publish went: the test leaves it out.
-	// (published_ms is the relay's confirm unless a rescue overwrote it,
-	// and a rescued row counts anyway; a row whose publish failed first,
-	// publish_attempts above 1, did not fail over and counts too.)
+	// (published is the first confirm, the relay's, and a rescued row
+	// counts anyway; a row whose publish failed first, publish_attempts
+	// above 1, did not fail over and counts too.)
 	const failoverBound = 5 * time.Second
 	var failover, failoverLate, failoverSlow int
 	for _, k := range tasks {
@@ -167,10 +170,8 @@ func rocketClusterKill(t *testing.T, restart bool) {
 			if k.done.Sub(k.due) > failoverBound || k.rescues > 0 {
 				failoverLate++
 				if failoverLate <= 5 {
-					// A consumer that finished the row before the relay
-					// recorded its confirm left published_ms at 0.
-					published := "confirm not recorded"
-					if k.published.UnixMilli() != 0 {
+					published := "no confirm seen"
+					if !k.published.IsZero() {
 						published = fmt.Sprintf("confirmed %v after its order", k.published.Sub(k.created).Round(time.Millisecond))
 					}
 					t.Errorf("task %s ordered %v after the kill, while broker-a was down: %s, %d publish attempts, handled %v late, rescues %d",
@@ -190,20 +191,17 @@ func rocketClusterKill(t *testing.T, restart bool) {
 	// the kill, confirmed by a broker before it, and due while broker-a was
 	// down. Those on broker-b were handled on time; those on broker-a only
 	// once it returned (restart) or by the scanner. Confirmed before the
-	// kill is what the row says: published_ms is the relay's record of the
-	// confirm, or, on a rescued row, the rescue's (a rescued row was in the
-	// wheel or it would not have waited). An order whose insert or publish
-	// was slow on a loaded box (the relay polls every 50 ms, but a publish
-	// in flight at the kill goes to broker-b after the client's retry) is
-	// not one broker-a held. Neither is a row whose published_ms is 0: a
-	// consumer finished it before the relay recorded the confirm, so when
-	// it was confirmed is not known.
+	// kill is the relay's first confirm as the publisher saw it (a rescued
+	// row was in the wheel or it would not have waited). An order whose
+	// insert or publish was slow on a loaded box (the relay polls every
+	// 50 ms, but a publish in flight at the kill goes to broker-b after
+	// the client's retry) is not one broker-a held.
 	var held, heldLate, heldRescued int
 	var heldWorst time.Duration
 	var notRescued []string
 	for _, k := range tasks {
 		if k.created.Before(killed.Add(-time.Second)) && k.due.After(killed) && k.due.Before(downUntil.Add(-time.Second)) &&
-			(k.rescues > 0 || k.published.UnixMilli() != 0 && k.published.Before(killed)) {
+			(k.rescues > 0 || !k.published.IsZero() && k.published.Before(killed)) {
 			held++
 			if late := k.done.Sub(k.due); late > 2*time.Second {
 				heldLate++
@@ -294,4 +292,32 @@ func rocketClusterKill(t *testing.T, restart bool) {
 		"Lateness p99 of tasks due before the kill %v; tasks due up to %v after the kill were late by more than %v, the last handled %v after the kill",
 		how, total, early, rescued, failover, failoverLate, failoverBound, failoverSlow, held, heldLate, heldRescued, heldWorst.Round(100*time.Millisecond),
 		p99.Round(time.Millisecond), recovery.Round(100*time.Millisecond), limit.Round(time.Millisecond), drain.Round(100*time.Millisecond))
+}
+
+// confirmClock records when the broker first confirmed each key's message.
+// The row's published_ms is the relay's claim, before its publish.
+type confirmClock struct {
+	broker.Publisher
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (c *confirmClock) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	err := c.Publisher.Publish(ctx, msgs...)
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, res := range broker.PublishResults(err, len(msgs)) {
+		if _, seen := c.at[msgs[i].Key]; res == nil && !seen {
+			c.at[msgs[i].Key] = now
+		}
+	}
+	return err
+}
+
+// first returns when key was first confirmed; zero if never.
+func (c *confirmClock) first(key string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at[key]
 }

@@ -54,7 +54,7 @@ func newRunCmd(a *app) *cobra.Command {
 		Use:   "run",
 		Short: "Run the relay, the scanner and the cleaner, with metrics and health over HTTP",
 		Long: `run is the daemon: it publishes pending tasks to the broker (relay), publishes
-again what a broker lost (scanner), deletes finished tasks past their retention
+again what a broker lost or a killed relay left (scanner), deletes finished tasks past their retention
 (cleaner), recounts tasks by state and topic for status and /metrics (every
 --stats-interval, one daemon at a time), and serves HTTP on --http:
 

@@ -251,7 +251,9 @@ func queryRows(ctx context.Context, q outbox.Querier, query string, args ...any)
 // the console's task page.
 type Detail struct {
 	outbox.TaskInfo
-	// LeaseOwner is the relay or scanner claim holding the row, 0 for none.
+	// LeaseOwner is the relay or scanner claim that last took the row, 0
+	// for none. A confirmed publish leaves it set; the claim holds the row
+	// only until NextAttemptAt.
 	LeaseOwner int64
 	// NextAttemptAt is the claim's expiry while LeaseOwner is set, else
 	// when a backed-off publish is tried again; zero when unset.

@@ -17,14 +17,19 @@ import (
 )
 
 // duringPublish runs f while the relay's publish is in flight, then lets
-// the publish go on.
+// the publish go on, or fails it with fail when set (a confirm lost on
+// the way back: the broker may hold the messages all the same).
 type duringPublish struct {
 	broker.Publisher
-	f func(ctx context.Context)
+	f    func(ctx context.Context)
+	fail error
 }
 
 func (p *duringPublish) Publish(ctx context.Context, msgs ...*broker.Message) error {
 	p.f(ctx)
+	if p.fail != nil {
+		return p.fail
+	}
 	return p.Publisher.Publish(ctx, msgs...)
 }
 
@@ -51,43 +56,59 @@ func (b *bundle) inShortLockWait(ctx context.Context, f func(q outbox.Querier) e
 }
 
 // The relay holds no row lock while it publishes: a payment that cancels a
-// task being published, and a reschedule of another, commit at once, and
-// what they did survives the relay's bookkeeping after the confirm.
+// task being published, a reschedule of another and a consumer that
+// finishes a third commit at once, and what they did survives the relay's
+// bookkeeping after the publish, a failed one included (its undo is
+// guarded by the claim's owner, state and generation).
 func TestRelay_CancelAndRescheduleWhilePublishingWinAndNeverWait(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	mem := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = mem.Close() })
-	b.schedule(t, outbox.Task{Topic: "flight", Key: "paid", DueAt: time.Now()})
-	b.schedule(t, outbox.Task{Topic: "flight", Key: "moved", DueAt: time.Now()})
-	b.schedule(t, outbox.Task{Topic: "flight", Key: "plain", DueAt: time.Now()})
-	var during []error
-	pub := &duringPublish{Publisher: mem, f: func(ctx context.Context) {
-		during = append(during,
-			b.inShortLockWait(ctx, func(q outbox.Querier) error { return outbox.Cancel(ctx, q, "flight", "paid") }),
-			b.inShortLockWait(ctx, func(q outbox.Querier) error {
-				return outbox.Reschedule(ctx, q, "flight", "moved", time.Now().Add(time.Hour))
-			}))
-	}}
-	if n, err := newRelay(t, b, pub, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 3 {
-		t.Fatalf("Once = %d, %v", n, err)
-	}
-	for _, err := range during {
-		if err != nil {
-			t.Fatalf("a business transaction during the publish failed: %v", err)
-		}
-	}
-	for key, want := range map[string]outbox.State{"paid": outbox.StateCancelled, "moved": outbox.StatePending, "plain": outbox.StatePublished} {
-		info, err := outbox.Get(b.ctx, b.db, "flight", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State != want {
-			t.Errorf("%s: state %s after the relay recorded its publish, want %s", key, info.State, want)
-		}
-		if key == "moved" && (info.Generation != 1 || !info.PublishedAt.IsZero()) {
-			t.Errorf("moved: generation %d, published at %v; the reschedule must win", info.Generation, info.PublishedAt)
-		}
+	for _, fail := range []error{nil, errors.New("connection reset")} {
+		t.Run(fmt.Sprintf("publish error %v", fail), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			mem := memory.New(memory.Config{})
+			t.Cleanup(func() { _ = mem.Close() })
+			b.schedule(t, outbox.Task{Topic: "flight", Key: "paid", DueAt: time.Now()})
+			b.schedule(t, outbox.Task{Topic: "flight", Key: "moved", DueAt: time.Now()})
+			b.schedule(t, outbox.Task{Topic: "flight", Key: "handled", DueAt: time.Now()})
+			b.schedule(t, outbox.Task{Topic: "flight", Key: "plain", DueAt: time.Now()})
+			var during []error
+			pub := &duringPublish{Publisher: mem, fail: fail, f: func(ctx context.Context) {
+				during = append(during,
+					b.inShortLockWait(ctx, func(q outbox.Querier) error { return outbox.Cancel(ctx, q, "flight", "paid") }),
+					b.inShortLockWait(ctx, func(q outbox.Querier) error {
+						return outbox.Reschedule(ctx, q, "flight", "moved", time.Now().Add(time.Hour))
+					}),
+					b.inShortLockWait(ctx, func(q outbox.Querier) error {
+						_, err := q.ExecContext(ctx, "UPDATE delay_task SET state = 'done' WHERE task_key = 'handled'")
+						return err
+					}))
+			}}
+			if n, err := newRelay(t, b, pub, outbox.RelayConfig{}).Once(b.ctx); err != nil || n != 4 {
+				t.Fatalf("Once = %d, %v", n, err)
+			}
+			for _, err := range during {
+				if err != nil {
+					t.Fatalf("a business transaction during the publish failed: %v", err)
+				}
+			}
+			plain := outbox.StatePublished
+			if fail != nil {
+				plain = outbox.StatePending
+			}
+			for key, want := range map[string]outbox.State{"paid": outbox.StateCancelled, "moved": outbox.StatePending, "handled": outbox.StateDone, "plain": plain} {
+				info, err := outbox.Get(b.ctx, b.db, "flight", key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info.State != want {
+					t.Errorf("%s: state %s after the relay recorded its publish, want %s", key, info.State, want)
+				}
+				if key == "moved" && (info.Generation != 1 || !info.PublishedAt.IsZero() || info.LastError != "") {
+					t.Errorf("moved: generation %d, published at %v, last error %q; the reschedule must win", info.Generation, info.PublishedAt, info.LastError)
+				}
+			}
+		})
 	}
 }
 
@@ -179,9 +200,9 @@ func TestRelay_RowNoBrokerCanCarryGoesDeadWithoutBlockingOthers(t *testing.T) {
 // When marking an invalid row dead fails, the valid rows claimed with it
 // are published all the same, and Once reports the failure. (Returning at
 // the failure left them leased and unpublished for a whole lease.) The
-// invalid row stays as the claim left it, published under its lease: the
-// scanner's re-publish, which the broker refuses, marks it dead. The
-// scratch database refuses the dead mark through a trigger.
+// invalid row goes back to pending, free, for the next claim to mark dead:
+// left published, the scanner would take it to the broker. The scratch
+// database refuses the dead mark through a trigger.
 func TestRelay_ValidRowsGoOutWhenMarkingAnInvalidOneDeadFails(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -199,8 +220,8 @@ IF NEW.state = 'dead' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'dead refu
 	if got := b.count(t, "task_key = 'good' AND state = 'published'"); got != 1 {
 		t.Fatal("the valid row was not published beside the invalid one")
 	}
-	if got := b.count(t, "task_key = 'epoch' AND state = 'published' AND lease_owner <> 0"); got != 1 {
-		t.Fatal("the invalid row is not left as the claim left it, for the scanner")
+	if got := b.count(t, "task_key = 'epoch' AND state = 'pending' AND lease_owner = 0 AND published_ms = 0"); got != 1 {
+		t.Fatal("the invalid row is not back to pending for the next claim")
 	}
 }
 
@@ -340,7 +361,9 @@ func TestRelay_LeavesARetryRecordedBeforeItsPublishRecord(t *testing.T) {
 	id := b.schedule(t, outbox.Task{Topic: "flight", Key: "quick", DueAt: time.Now()})
 	retryAt := broker.MillisUTC(time.Now().Add(time.Hour))
 	var recorded error
-	pub := &duringPublish{Publisher: mem, f: func(ctx context.Context) {
+	// The publish reports a failure after the consumer's retry: the
+	// relay's undo must leave the row to the consumer.
+	pub := &duringPublish{Publisher: mem, fail: errors.New("confirm lost"), f: func(ctx context.Context) {
 		info, err := outbox.Get(ctx, b.db, "flight", "quick")
 		if err != nil {
 			recorded = err

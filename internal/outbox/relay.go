@@ -80,9 +80,9 @@ type RelayConfig struct {
 	RetryInitial, RetryMax time.Duration
 	// PublishTimeout bounds one batch's publish: a broker that is down or
 	// blocked (a memory alarm) fails the batch then, and its rows are
-	// retried with backoff. It is also the claim's lease: the scanner
-	// leaves a relay's claimed rows alone until PublishTimeout past the
-	// claim, plus its grace. Default 10s.
+	// retried with backoff. The scanner leaves a relay's claimed rows
+	// alone until PublishTimeout plus 10 s (the time its outcome may take
+	// to record) past the claim, and its grace. Default 10s.
 	PublishTimeout time.Duration
 	// MaxBatchBytes bounds the payload bytes one claim holds in memory;
 	// a claim stops taking rows at it (but always takes one). Default
@@ -183,7 +183,8 @@ const (
 	// DefaultWorkers is RelayConfig.Workers' default when the publisher
 	// gives no advice (RabbitMQ, the in-process broker).
 	DefaultWorkers = 4
-	DefaultLease   = 30 * time.Second
+	// DefaultLease is the scanner's lease on the rows a rescue claims.
+	DefaultLease = 30 * time.Second
 	// DefaultProbe: a task scheduled by another process reaches the
 	// broker within about one probe of coming due, for 20 one-row index
 	// reads a second.
@@ -643,10 +644,10 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 	// more, and a relay that dies before its publish leaves published
 	// rows the scanner re-publishes once they are overdue. Published, a
 	// row is no other relay's to claim; its lease keeps the scanner off
-	// it until the publish has timed out.
+	// it until the publish has timed out and its outcome was recorded.
 	spec := store.ClaimSpec{
 		State: store.Pending, DueAtMost: limit, ReadyAtMost: now.UnixMilli(), PublishedAtMost: 1<<63 - 1,
-		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.PublishTimeout).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
+		Limit: batchSize, Owner: owner, LeaseUntil: now.Add(r.cfg.PublishTimeout + store.RecordTimeout).UnixMilli(), MaxBytes: r.cfg.MaxBatchBytes,
 		Topic: topic, HandOffAt: now.UnixMilli(),
 	}
 	if topic == "" {
@@ -701,14 +702,22 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 	}
 	var deadErr error
 	for reason, rows := range invalid {
-		if _, err := store.MarkHandOffDead(ctx, r.db, owner, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
-			// The valid rows go out all the same; these stay published
-			// and leased, and the scanner publishes them once overdue:
-			// every consumer refuses them, and a later claim of a relay
-			// marks them dead.
+		// Recorded even when ctx ended: left published, these rows would
+		// reach the broker through the scanner.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.RecordTimeout)
+		_, err := store.MarkHandOffDead(dctx, r.db, owner, rows, r.cfg.Now().UnixMilli(), reason)
+		if err != nil {
+			// The valid rows go out all the same. These go back to
+			// pending, and the next claim marks them dead; only if that
+			// fails too do they stay published for the scanner.
+			if _, rerr := store.ReleaseHandOff(dctx, r.db, owner, rows); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+			cancel()
 			deadErr = errors.Join(deadErr, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err))
 			continue
 		}
+		cancel()
 		r.cfg.Logger.Error("delaybridge relay: rows the relay does not publish; marked dead", "rows", len(rows), "reason", reason)
 		if r.cfg.Hooks.Dead != nil {
 			r.cfg.Hooks.Dead(len(rows))

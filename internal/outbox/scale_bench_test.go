@@ -19,7 +19,7 @@ import (
 // (loadWeek; 0 is allowed: an empty table) into a scratch database, and
 // measures what one task costs at that size: the create-order transaction
 // with Schedule (3,000 of them, one at a time: p50 and p99), one relay
-// claim of 1,000 due rows and their MarkPublished, and the table's bytes on
+// claim of 1,000 due rows (which marks them published), and the table's bytes on
 // disk per row, once the server has flushed the load. It is skipped
 // without the variable.
 func BenchmarkScale(b *testing.B) {

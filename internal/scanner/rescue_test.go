@@ -11,6 +11,7 @@ import (
 	"github.com/delaybridge/delaybridge/internal/broker"
 	"github.com/delaybridge/delaybridge/internal/outbox"
 	"github.com/delaybridge/delaybridge/internal/scanner"
+	"github.com/delaybridge/delaybridge/internal/store"
 	"github.com/delaybridge/delaybridge/internal/testutil"
 )
 
@@ -154,8 +155,8 @@ func TestScanner_OverdueCountsFromTheLastPublishAndTheRecordedRetry(t *testing.T
 
 // A relay that dies after its claim leaves its rows published with no
 // message behind them. The scanner publishes them again, but not while
-// the relay may still be publishing: not before the publish timeout past
-// the claim, plus the grace.
+// the relay may still be publishing or recording: not before the publish
+// timeout and the time a record may take past the claim, plus the grace.
 func TestScanner_RescuesWhatARelayDiedWith(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -185,10 +186,11 @@ func TestScanner_RescuesWhatARelayDiedWith(t *testing.T) {
 		t.Fatal("the relay's claim did not commit its rows published")
 	}
 	at := func(d time.Duration) func() time.Time { return func() time.Time { return claimedAt.Add(d) } }
-	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(5 * time.Second)}).Rescue(b.ctx); err != nil || n != 0 {
-		t.Fatalf("at the publish timeout, before the grace: Rescue = %d, %v; want 0", n, err)
+	lease := 5*time.Second + store.RecordTimeout
+	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(lease)}).Rescue(b.ctx); err != nil || n != 0 {
+		t.Fatalf("at the lease's end, before the grace: Rescue = %d, %v; want 0", n, err)
 	}
-	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(7 * time.Second)}).Rescue(b.ctx); err != nil || n != 3 {
+	if n, err := b.scanner(t, b.mem, scanner.Config{Grace: time.Second, Now: at(lease + 2*time.Second)}).Rescue(b.ctx); err != nil || n != 3 {
 		t.Fatalf("past the publish timeout and the grace: Rescue = %d, %v; want 3", n, err)
 	}
 	if got := b.mem.Stats().Published; got != 3 {

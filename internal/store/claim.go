@@ -73,7 +73,7 @@ type ClaimSpec struct {
 	// hand-off to the broker with the lease, in the same row write: state
 	// published, published_ms = HandOffAt, one more publish attempt. The
 	// relay claims so: a confirmed publish then writes nothing, and only a
-	// failed one writes again (MarkFailed with Handed, back to pending). A
+	// failed one writes again (MarkHandOffFailed, back to pending). A
 	// relay that dies after the claim leaves published rows the scanner
 	// re-publishes once they are overdue, as it does a message the broker
 	// lost. Zero (the scanner's claim) leaves the state as it is.
@@ -113,8 +113,8 @@ func NewLeaseOwner() int64 {
 // claimed row (Cancel in a payment) never waits for a broker. The claimer
 // records each row's outcome with conditions on the owner (MarkRescued,
 // MarkHandOffFailed, Release), and a row whose lease expired unrecorded is
-// taken again: by another relay when still pending, by the scanner once
-// overdue when the claim marked it published (HandOffAt).
+// taken again: a relay's (HandOffAt), published, by the scanner once
+// overdue; a scanner's by the next rescue.
 //
 // It is the one query the relay (pending rows) and the scanner (published
 // rows overdue) share: a range of the (state, due_ms, id) index.
@@ -310,7 +310,8 @@ func FirstQuery(spec ClaimSpec) (string, error) {
 
 // Outcome statements of a claim. Each runs in its own short transaction
 // and changes a row only while the claim still owns it, is of the
-// generation it published, and is in the state it was claimed in. The
+// generation it published, and is in the state the claim left it in
+// (published, for a relay's hand-off). The
 // owner and the state are what the API can reach: Reschedule and Replay
 // clear the lease along with the generation they bump, Cancel changes the
 // state. The generation is a second guard, for a row changed by other
@@ -379,6 +380,8 @@ func MarkHandOffDead(ctx context.Context, db *sql.DB, owner int64, c []Claimed, 
 
 // ReleaseHandOff gives claimed rows back to pending at once, the attempt
 // uncounted: for a relay stopping before it knows how their publish went.
+// The last error the claim cleared (a failed publish's, a snooze's reason)
+// stays cleared.
 func ReleaseHandOff(ctx context.Context, db *sql.DB, owner int64, c []Claimed) (int64, error) {
 	return updateOwned(ctx, db, owner, Published, c,
 		"next_attempt_ms = 0, lease_owner = 0, published_ms = 0, publish_attempts = GREATEST(publish_attempts - 1, 0), state = 'pending'")

@@ -44,11 +44,12 @@ type RecordParams struct {
 // Record writes down the outcome of publishing batch, results holding one
 // error per row as broker.PublishResults gives them, and returns the rows
 // by outcome. It runs even when ctx has ended (in a context of its own,
-// bounded by RecordTimeout): a confirmed message left unrecorded would be
-// published again once its lease expired. Each row that failed or was
-// refused keeps its own error as its reason, one statement a reason.
-// Rows it could not record keep their lease and are claimed again when it
-// expires: at worst published twice, which the consumer makes harmless.
+// bounded by RecordTimeout): a rescue left unrecorded would be repeated
+// at once, a failed hand-off left published until a rescue. Each row that
+// failed or was refused keeps its own error as its reason, one statement
+// a reason. Rows it could not record stay as the claim left them, and a
+// rescue publishes them again once the lease expired: at worst published
+// twice, which the consumer makes harmless.
 func Record(ctx context.Context, db *sql.DB, batch []Claimed, results []error, o RecordParams) (ok, failed, refused []Claimed, err error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()

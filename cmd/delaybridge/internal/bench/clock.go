@@ -21,8 +21,7 @@ type benchRun struct {
 	committed []atomic.Int64
 	// published is when the broker first confirmed the relay's publish
 	// of each task (unix ms). It is kept here, not read back from the
-	// row's published_ms: a consumer that finished the task before the
-	// relay marked it leaves the row no publish time.
+	// row's published_ms, which is the time of the relay's claim.
 	published []atomic.Int64
 	// delivered is when the consumer runtime was first handed each task's
 	// message (unix µs): from due to then is the broker's share of the
