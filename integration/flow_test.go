@@ -220,6 +220,23 @@ func (p dieAfterPublish) Publish(ctx context.Context, msgs ...*broker.Message) e
 	return err
 }
 
+// relayOnItsOwnPool returns a relay on a database pool of its own, which
+// the publisher wrap makes from pub and that pool may close to kill it.
+func (f *flow) relayOnItsOwnPool(t testing.TB, cfg outbox.RelayConfig, wrap func(own *sql.DB) broker.Publisher) *outbox.Relay {
+	t.Helper()
+	own, err := sql.Open("mysql", f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Close() })
+	cfg.Logger = quiet()
+	r, err := outbox.NewRelay(own, wrap(own), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // dieBeforePublish closes the relay's own database pool and publishes
 // nothing: a relay killed between its claim and its publish, the worst
 // moment now that the claim marks its rows published.
@@ -243,14 +260,7 @@ func TestFlow_RelayKilledAfterTheConfirmHasNothingLeftToWrite(t *testing.T) {
 		for i := range n {
 			f.order(t, fmt.Sprintf("k-%d", i), time.Now().Add(time.Second))
 		}
-		own, err := sql.Open("mysql", f.dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := outbox.NewRelay(own, dieAfterPublish{pub, own}, outbox.RelayConfig{Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := f.relayOnItsOwnPool(t, outbox.RelayConfig{}, func(own *sql.DB) broker.Publisher { return dieAfterPublish{pub, own} })
 		if got, err := r.Once(f.ctx); err != nil || got != n {
 			t.Fatalf("the relay killed after the confirm: Once = %d, %v; want %d and nothing left to record", got, err, n)
 		}
@@ -276,15 +286,7 @@ func TestFlow_RelayKilledAfterItsClaimLosesNothing(t *testing.T) {
 		}
 		// All due, so one claim takes them whatever the relay's lookahead.
 		time.Sleep(time.Until(due))
-		own, err := sql.Open("mysql", f.dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		const publishTimeout = 2 * time.Second
-		r, err := outbox.NewRelay(own, dieBeforePublish{pub, own}, outbox.RelayConfig{Logger: quiet(), PublishTimeout: publishTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := f.relayOnItsOwnPool(t, outbox.RelayConfig{PublishTimeout: 2 * time.Second}, func(own *sql.DB) broker.Publisher { return dieBeforePublish{pub, own} })
 		if _, err := r.Once(f.ctx); err == nil {
 			t.Fatal("the killed relay reported success")
 		}
@@ -299,15 +301,7 @@ func TestFlow_RelayKilledAfterItsClaimLosesNothing(t *testing.T) {
 			t.Fatalf("%d rows published under the dead relay's lease, want %d", got, n)
 		}
 		f.consume(t, pub, sub)
-		f.relay(t, pub)
-		sc, err := scanner.New(f.db, pub, scanner.Config{Logger: quiet(), Grace: time.Second, Interval: 200 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(f.ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = sc.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		f.relayAndScan(t, pub, outbox.RelayConfig{}, time.Second)
 		f.waitDone(t, n, 60*time.Second)
 		f.checkOnce(t, n)
 	})

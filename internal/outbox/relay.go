@@ -701,23 +701,21 @@ func (r *Relay) onceFor(ctx context.Context, loop bool, topic string, batchSize 
 		committed = func() error { return nil }
 	}
 	var deadErr error
+	// Recorded even when ctx ended: left published, these rows would
+	// reach the broker through the scanner.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.RecordTimeout)
+	defer cancel()
 	for reason, rows := range invalid {
-		// Recorded even when ctx ended: left published, these rows would
-		// reach the broker through the scanner.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.RecordTimeout)
-		_, err := store.MarkHandOffDead(dctx, r.db, owner, rows, r.cfg.Now().UnixMilli(), reason)
-		if err != nil {
+		if _, err := store.MarkHandOffDead(dctx, r.db, owner, rows, r.cfg.Now().UnixMilli(), reason); err != nil {
 			// The valid rows go out all the same. These go back to
 			// pending, and the next claim marks them dead; only if that
 			// fails too do they stay published for the scanner.
 			if _, rerr := store.ReleaseHandOff(dctx, r.db, owner, rows); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
-			cancel()
 			deadErr = errors.Join(deadErr, fmt.Errorf("outbox relay: mark invalid rows dead: %w", err))
 			continue
 		}
-		cancel()
 		r.cfg.Logger.Error("delaybridge relay: rows the relay does not publish; marked dead", "rows", len(rows), "reason", reason)
 		if r.cfg.Hooks.Dead != nil {
 			r.cfg.Hooks.Dead(len(rows))
